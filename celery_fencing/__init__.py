@@ -1,0 +1,76 @@
+"""celery-fencing: fencing tokens that make Celery tasks safe against stale workers.
+
+A grantor (ZooKeeper) mints a strictly increasing token for each execution of a
+fenced task; every protected write carries it, and the storage (a gate) refuses
+any token below the highest it has accepted. A worker that was paused, or whose
+task was re-delivered, can no longer overwrite newer data.
+
+Importing this package imports no driver (celery, kazoo, redis, sqlalchemy):
+driver-backed names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._version import __version__
+from .context import current_token, resolve_token, token_context
+from .exceptions import (
+    FencingConfigurationError,
+    FencingError,
+    GateUnavailableError,
+    InvalidTokenError,
+    LeaseLostError,
+    ResourceMismatchError,
+    StaleTokenError,
+    TokenUnavailableError,
+)
+from .gates.memory import MemoryGate
+from .protocols import Gate, TokenSource
+from .sources import token_source_from_url
+from .sources.memory import MemoryTokenSource
+from .sources.sqlite import SQLiteTokenSource
+from .token import MAX_TOKEN_VALUE, FencingToken
+
+__all__ = [
+    "FencingConfigurationError",
+    "FencingError",
+    "FencingToken",
+    "Gate",
+    "GateUnavailableError",
+    "InvalidTokenError",
+    "LeaseLostError",
+    "MAX_TOKEN_VALUE",
+    "MemoryGate",
+    "MemoryTokenSource",
+    "ResourceMismatchError",
+    "SQLiteTokenSource",
+    "StaleTokenError",
+    "TokenSource",
+    "TokenUnavailableError",
+    "__version__",
+    "current_token",
+    "resolve_token",
+    "token_context",
+    "token_source_from_url",
+]
+
+# Names whose modules import a driver: resolved on first access (PEP 562).
+_LAZY: dict[str, str] = {
+    # "RedisGate": "celery_fencing.gates.redis", and so on: add a driver-backed name
+    # here, to __all__, and under TYPE_CHECKING above, together.
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_fencing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

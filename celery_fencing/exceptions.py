@@ -1,0 +1,123 @@
+"""The exceptions raised by celery-fencing.
+
+Every exception derives from :class:`FencingError`, so callers can catch the
+whole family with one ``except`` clause::
+
+    FencingError
+     +-- InvalidTokenError            a token or resource that breaks the rules
+     |    +-- ResourceMismatchError   a token presented for another resource's data
+     +-- StaleTokenError              a gate refused a token below its high-water mark
+     +-- TokenUnavailableError        the grantor could not mint a token in time
+     +-- LeaseLostError               an exclusive lease ended while it was held
+     +-- GateUnavailableError         the storage behind a gate could not be reached
+     +-- FencingConfigurationError    a bad URL, setting or option
+
+Every field is keyword-only with a default and the message is the only
+positional argument, so the exceptions survive ``pickle`` and Celery's JSON
+exception serialisation (which rebuilds an exception as ``cls(*args)``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FencingConfigurationError",
+    "FencingError",
+    "GateUnavailableError",
+    "InvalidTokenError",
+    "LeaseLostError",
+    "ResourceMismatchError",
+    "StaleTokenError",
+    "TokenUnavailableError",
+]
+
+
+class FencingError(Exception):
+    """Root of every exception this library raises."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidTokenError(FencingError):
+    """A token, token value or resource name that breaks the rules.
+
+    Raised before any I/O, so nothing has changed when it is raised.
+    """
+
+
+class ResourceMismatchError(InvalidTokenError):
+    """A token minted for one resource was presented for another resource's data.
+
+    Tokens are only ordered within one resource: ZooKeeper zxids are global,
+    so a token for resource A may well be larger than resource B's mark.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        token_resource: str | None = None,
+        expected_resource: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.token_resource = token_resource
+        self.expected_resource = expected_resource
+
+
+class StaleTokenError(FencingError):
+    """A gate refused a token lower than the resource's high-water mark.
+
+    Nothing was written. The execution holding the token is stale: a newer
+    execution has claimed or written the resource since this token was minted.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str | None = None,
+        token: int | None = None,
+        high_water: int | None = None,
+    ) -> None:
+        if not message:
+            message = f"stale fencing token {token} for resource {resource!r}: high-water mark is {high_water}"
+        super().__init__(message)
+        self.resource = resource
+        self.token = token
+        self.high_water = high_water
+
+
+class TokenUnavailableError(FencingError):
+    """The token source could not mint a token (grantor down, timeout, session lost)."""
+
+    def __init__(self, message: str = "", *, resource: str | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
+
+
+class LeaseLostError(FencingError):
+    """An exclusive lease ended (session lost, lock node gone) while it was held."""
+
+    def __init__(self, message: str = "", *, resource: str | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
+
+
+class GateUnavailableError(FencingError):
+    """The storage behind a gate could not be reached or failed mid-operation.
+
+    The driver's exception is chained as ``__cause__``. Whether the write
+    happened is unknown only where the storage itself cannot tell (a lost reply).
+    """
+
+    def __init__(self, message: str = "", *, gate: str | None = None) -> None:
+        super().__init__(message)
+        self.gate = gate
+
+
+class FencingConfigurationError(FencingError):
+    """A malformed URL, unknown scheme, bad setting or bad task option."""

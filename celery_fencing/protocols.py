@@ -1,0 +1,67 @@
+"""The two roles every backend plays: a token source mints, a gate checks.
+
+These are structural protocols (``typing.Protocol``): a backend conforms by
+having the methods, not by inheriting. The Celery layer depends only on these.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from .token import FencingToken
+
+__all__ = ["Gate", "TokenSource"]
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Mints fencing tokens. The grantor, never the client, picks the number.
+
+    Guarantees every implementation gives (the source contract suite checks them):
+
+    * Tokens of one resource strictly increase, across threads, processes and
+      restarts of the grantor.
+    * ``mint`` returns within *timeout* seconds or raises
+      :class:`~celery_fencing.TokenUnavailableError`; it never hangs.
+    """
+
+    def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """Mint a new token for *resource*, larger than every earlier one."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and files. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Gate(Protocol):
+    """Checks tokens at the storage, against a high-water mark kept with the data.
+
+    Semantics every gate implements (the gate contract suite checks them):
+
+    * ``claim(token)`` atomically raises the resource's mark to ``token.value``
+      when the mark is not above it, else raises
+      :class:`~celery_fencing.StaleTokenError` carrying the resource, the token
+      and the mark. A task claims before it reads, so a paused predecessor can
+      no longer land a write between this task's read and its write.
+    * Every gated write accepts ``token >= mark`` (one execution may write many
+      times, and retry) and rejects a lower token in the same atomic operation
+      as the write. A rejected write changes neither the data nor the mark.
+    * Data is bound to one resource: a token of resource A presented for data
+      of resource B raises :class:`~celery_fencing.ResourceMismatchError`.
+    * Bad input raises :class:`~celery_fencing.InvalidTokenError` before any I/O.
+    * Unreachable storage raises :class:`~celery_fencing.GateUnavailableError`
+      with the driver's error chained, within the driver's timeout.
+    """
+
+    def claim(self, token: FencingToken | None = None) -> None:
+        """Raise the mark of ``token.resource`` to ``token.value`` or raise ``StaleTokenError``.
+
+        ``None`` means the current task's token (:func:`~celery_fencing.current_token`).
+        """
+        ...
+
+    def high_water(self, resource: str) -> int | None:
+        """Return the resource's mark, or ``None`` if it was never claimed or written."""
+        ...

@@ -1,0 +1,110 @@
+"""Token sources (grantors) and the URL factory that builds them.
+
+=========================================  =======================================
+URL                                        source
+=========================================  =======================================
+``zookeeper://h1:2181,h2:2181/root``       :class:`ZooKeeperTokenSource` (production)
+``sqlite:///relative/tokens.db``           :class:`SQLiteTokenSource` (one host)
+``sqlite:////absolute/tokens.db``
+``memory://``                              :class:`MemoryTokenSource` (unit tests)
+=========================================  =======================================
+
+Query parameters: ``timeout`` (seconds, every source), and for ZooKeeper
+``session_timeout`` (seconds). Driver modules are imported only when their
+scheme is used, so ``import celery_fencing`` pulls in no driver.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+from ..exceptions import FencingConfigurationError
+from ..protocols import TokenSource
+
+if TYPE_CHECKING:
+    from .memory import MemoryTokenSource
+    from .sqlite import SQLiteTokenSource
+
+__all__ = ["MemoryTokenSource", "SQLiteTokenSource", "token_source_from_url"]
+
+SCHEMES = ("memory", "sqlite", "zookeeper")
+
+
+def _parse_seconds(url: str, name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise FencingConfigurationError(f"{name}={raw!r} in {url!r} must be a positive number of seconds")
+    return value
+
+
+def token_source_from_url(url: str) -> TokenSource:
+    """Build the token source a URL names.
+
+    :raises FencingConfigurationError: for a malformed URL, an unknown scheme
+        or parameter, or a missing driver (naming the extra to install).
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise FencingConfigurationError(
+            f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
+        )
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError as exc:
+        raise FencingConfigurationError(f"malformed query string in token source URL {url!r}: {exc}") from exc
+    allowed = {"timeout", "session_timeout"} if scheme == "zookeeper" else {"timeout"}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise FencingConfigurationError(
+            f"unknown parameter(s) {', '.join(unknown)} in {url!r}; {scheme}:// accepts {', '.join(sorted(allowed))}"
+        )
+    seconds = {name: _parse_seconds(url, name, raw) for name, raw in params.items()}
+
+    if scheme == "memory":
+        if parts.netloc or parts.path not in ("", "/"):
+            raise FencingConfigurationError(f"memory:// takes no host or path, got {url!r}")
+        from .memory import MemoryTokenSource
+
+        return MemoryTokenSource()
+    if scheme == "sqlite":
+        if parts.netloc:
+            raise FencingConfigurationError(
+                f"sqlite:// takes no host: write sqlite:///relative/path.db or sqlite:////absolute/path.db, got {url!r}"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path or path.endswith("/"):
+            raise FencingConfigurationError(f"sqlite:// URL {url!r} names no database file")
+        from .sqlite import SQLiteTokenSource
+
+        return SQLiteTokenSource(path, **seconds)
+    if scheme == "zookeeper":
+        try:
+            from .zookeeper import ZooKeeperTokenSource  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise FencingConfigurationError(
+                f"zookeeper:// needs kazoo: pip install 'celery-fencing[zookeeper]' ({exc})"
+            ) from exc
+        source: TokenSource = ZooKeeperTokenSource.from_url(url)
+        return source
+    raise FencingConfigurationError(
+        f"unknown token source scheme {parts.scheme!r} in {url!r}; known schemes: {', '.join(SCHEMES)}"
+    )
+
+
+def __getattr__(name: str) -> object:
+    # Lazy re-exports, so naming a source class never imports another's driver.
+    if name == "MemoryTokenSource":
+        from .memory import MemoryTokenSource
+
+        return MemoryTokenSource
+    if name == "SQLiteTokenSource":
+        from .sqlite import SQLiteTokenSource
+
+        return SQLiteTokenSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,130 @@
+"""A durable token counter in a local SQLite file: the embedded, zero-setup grantor.
+
+Suits a single host (the demo, a one-machine deployment, development). Several
+processes on that host may mint concurrently: each mint is one ``BEGIN
+IMMEDIATE`` transaction, which SQLite serialises across processes with a file
+lock. The counter is on disk with ``synchronous=FULL`` in WAL mode, so a value
+once returned survives a crash or power loss and is never returned again.
+
+Deleting the file resets the counters: tokens then restart below the marks the
+gates hold, and every writer is refused. Treat the file as state to back up.
+
+Thread and fork safety: each thread of each process opens its own connection
+(SQLite connections must not cross threads or ``fork()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from ..exceptions import FencingConfigurationError, TokenUnavailableError
+from ..token import FencingToken, validate_resource
+
+__all__ = ["SQLiteTokenSource"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fencing_tokens (
+    resource TEXT PRIMARY KEY,
+    value INTEGER NOT NULL CHECK (value >= 1 AND value <= 9223372036854775807)
+)
+"""
+# One statement: the row lock of BEGIN IMMEDIATE makes the increment atomic
+# across processes, and RETURNING hands back the value that was stored.
+_MINT = """
+INSERT INTO fencing_tokens (resource, value) VALUES (?, 1)
+ON CONFLICT (resource) DO UPDATE SET value = value + 1
+RETURNING value
+"""
+
+
+class SQLiteTokenSource:
+    """Mints per-resource tokens from a counter table in the SQLite file *path*.
+
+    :param path: the database file; its directory must exist.
+    :param timeout: default bound, in seconds, on how long ``mint`` waits for
+        the file lock held by other minting processes.
+    :raises FencingConfigurationError: the file cannot be opened or created.
+    """
+
+    volatile = False
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self._local = threading.local()
+        self._connections: list[tuple[int, sqlite3.Connection]] = []
+        self._registry_lock = threading.Lock()
+        self._closed = False
+        try:
+            self._connection()
+        except sqlite3.Error as exc:
+            raise FencingConfigurationError(f"cannot open SQLite token database {str(self.path)!r}: {exc}") from exc
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            return conn
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(_SCHEMA)
+        self._local.conn = conn
+        self._local.pid = os.getpid()
+        with self._registry_lock:
+            self._connections.append((os.getpid(), conn))
+        return conn
+
+    def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """Return the resource's next value, durably stored before it is returned.
+
+        :raises TokenUnavailableError: the file stayed locked for *timeout*
+            seconds (default: the constructor's), or SQLite failed.
+        """
+        validate_resource(resource)
+        if self._closed:
+            raise TokenUnavailableError("SQLiteTokenSource is closed", resource=resource)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        conn = self._connection()
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    (value,) = conn.execute(_MINT, (resource,)).fetchone()
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                return FencingToken(resource, value)
+            except sqlite3.OperationalError as exc:
+                # "database is locked" after the connection's busy timeout: retry
+                # until our own deadline, then give up loudly.
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise TokenUnavailableError(
+                        f"SQLite token source {str(self.path)!r} could not mint for {resource!r}: {exc}",
+                        resource=resource,
+                    ) from exc
+            except sqlite3.Error as exc:
+                raise TokenUnavailableError(
+                    f"SQLite token source {str(self.path)!r} failed for {resource!r}: {exc}", resource=resource
+                ) from exc
+
+    def close(self) -> None:
+        """Close every connection this source opened in this process. Idempotent."""
+        self._closed = True
+        pid = os.getpid()
+        with self._registry_lock:
+            connections = [conn for owner, conn in self._connections if owner == pid]
+            self._connections = []
+        # A connection inherited across fork() belongs to the parent: leave it be.
+        for conn in connections:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def __repr__(self) -> str:
+        return f"<SQLiteTokenSource {str(self.path)!r}>"

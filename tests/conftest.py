@@ -1,0 +1,5 @@
+"""Shared fixtures. Server fixtures live in tests/fixtures/, one module per server."""
+
+pytest_plugins = [
+    "tests.fixtures.services",
+]
