@@ -12,7 +12,7 @@ driver-backed names are loaded on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .context import current_token, resolve_token, token_context
@@ -27,30 +27,53 @@ from .exceptions import (
     TokenUnavailableError,
 )
 from .gates.memory import MemoryGate
+from .policies import (
+    Decision,
+    ExponentialBackoff,
+    IgnorePolicy,
+    RaisePolicy,
+    RejectPolicy,
+    RetryPolicy,
+    StaleState,
+)
 from .protocols import Gate, TokenSource
 from .sources import token_source_from_url
 from .sources.memory import MemoryTokenSource
 from .sources.sqlite import SQLiteTokenSource
 from .token import MAX_TOKEN_VALUE, FencingToken
 
+if TYPE_CHECKING:
+    from .celery.task import FencedTask, fenced_task
+    from .celery.worker import install
+
 __all__ = [
+    "Decision",
+    "ExponentialBackoff",
+    "FencedTask",
     "FencingConfigurationError",
     "FencingError",
     "FencingToken",
     "Gate",
     "GateUnavailableError",
+    "IgnorePolicy",
     "InvalidTokenError",
     "LeaseLostError",
     "MAX_TOKEN_VALUE",
     "MemoryGate",
     "MemoryTokenSource",
+    "RaisePolicy",
+    "RejectPolicy",
     "ResourceMismatchError",
+    "RetryPolicy",
     "SQLiteTokenSource",
+    "StaleState",
     "StaleTokenError",
     "TokenSource",
     "TokenUnavailableError",
     "__version__",
     "current_token",
+    "fenced_task",
+    "install",
     "resolve_token",
     "token_context",
     "token_source_from_url",
@@ -58,6 +81,9 @@ __all__ = [
 
 # Names whose modules import a driver: resolved on first access (PEP 562).
 _LAZY: dict[str, str] = {
+    "FencedTask": "celery_fencing.celery.task",
+    "fenced_task": "celery_fencing.celery.task",
+    "install": "celery_fencing.celery.worker",
     # "RedisGate": "celery_fencing.gates.redis", and so on: add a driver-backed name
     # here, to __all__, and under TYPE_CHECKING above, together.
 }

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_RESOURCE_LENGTH",
     "MAX_TOKEN_VALUE",
     "FencingToken",
+    "fixed_width",
     "validate_resource",
     "validate_token_value",
 ]
@@ -76,6 +77,16 @@ def validate_resource(resource: object) -> str:
         if 0xD800 <= code < 0xE000:
             raise InvalidTokenError(f"resource {resource!r} contains a lone surrogate")
     return resource
+
+
+def fixed_width(value: int) -> str:
+    """Return a token value as 20 decimal digits, zero-padded.
+
+    Stores that cannot compare 64-bit integers exactly (Lua numbers are doubles,
+    exact only below 2**53) compare these strings instead: for equal widths,
+    string order is numeric order.
+    """
+    return f"{validate_token_value(value):020d}"
 
 
 @dataclass(frozen=True, eq=True, order=False, slots=True)

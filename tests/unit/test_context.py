@@ -22,7 +22,7 @@ def test_context_sets_and_restores() -> None:
     """token_context() makes the token current inside the block only."""
     token = FencingToken("r", 5)
     with token_context(token):
-        assert current_token() is token
+        assert current_token() == token
         assert resolve_token() == token
     assert current_token() is None
 

@@ -1,0 +1,196 @@
+"""Every ``fencing_*`` setting and its ``--fencing-*`` worker flag, in one table.
+
+The table is the single source for the worker flags, for reading ``app.conf``
+and for the configuration reference in the docs (a test checks the docs list
+every entry). Settings are read with ``app.conf.get(name, default)``:
+``app.add_defaults()`` would shadow the user's own config module.
+
+Precedence: a worker flag wins over the setting; a task option (class
+attribute, e.g. ``fencing_on_stale``) wins over both for that task.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import FencingConfigurationError
+from ..policies import POLICY_NAMES
+
+__all__ = ["SETTINGS", "FencingSettings", "Setting", "read_settings"]
+
+MODES = ("token", "exclusive")
+
+
+def _positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise FencingConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
+    return number
+
+
+def _non_negative_float(name: str, value: Any) -> float:
+    if value in (0, "0", 0.0):
+        return 0.0
+    return _positive_float(name, value)
+
+
+def _fraction(name: str, value: Any) -> float:
+    number = _non_negative_float(name, value)
+    if number > 1:
+        raise FencingConfigurationError(f"{name} must be within [0, 1], not {value!r}")
+    return number
+
+
+def _factor(name: str, value: Any) -> float:
+    number = _positive_float(name, value)
+    if number < 1:
+        raise FencingConfigurationError(f"{name} must be >= 1, not {value!r}")
+    return number
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}") from None
+    if number < 0 or (isinstance(value, float) and not value.is_integer()):
+        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
+    return number
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise FencingConfigurationError(f"{name} must be true or false, not {value!r}")
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str | None]:
+    def parse(name: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise FencingConfigurationError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+    return parse
+
+
+def _source(name: str, value: Any) -> Any:
+    # A URL, a TokenSource, or a zero-argument factory called once per worker process.
+    if value is None or isinstance(value, str) or callable(value) or hasattr(value, "mint"):
+        return value
+    raise FencingConfigurationError(f"{name} must be a URL, a token source or a factory, not {type(value).__name__}")
+
+
+def _policy(name: str, value: Any) -> Any:
+    if value is None or callable(value):
+        return value
+    return _choice(POLICY_NAMES)(name, value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its ``app.conf`` name, worker flag, default, parser and help text."""
+
+    name: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    help: str
+    metavar: str = "VALUE"
+    is_flag: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "fencing_source",
+        None,
+        _source,
+        "Token source URL: zookeeper://h1:2181,h2:2181/fencing or sqlite:////var/lib/app/tokens.db. Required.",
+        metavar="URL",
+    ),
+    Setting("fencing_timeout", 5.0, _positive_float, "Seconds a mint (or lease wait) may take.", metavar="SECONDS"),
+    Setting(
+        "fencing_on_stale",
+        None,
+        _policy,
+        "Default for tasks that set no fencing_on_stale: retry, ignore, reject or raise. "
+        "Unset: ignore for task-id resources, retry for domain resources.",
+        metavar="POLICY",
+    ),
+    Setting("fencing_mode", "token", _choice(MODES), "token (a token per execution) or exclusive.", metavar="MODE"),
+    Setting(
+        "fencing_max_retries", 10, _count, "Retries of a fenced-out or token-less attempt before failing.", metavar="N"
+    ),
+    Setting("fencing_retry_countdown", 1.0, _non_negative_float, "First retry delay, seconds.", metavar="SECONDS"),
+    Setting("fencing_retry_backoff_factor", 2.0, _factor, "Each retry waits this many times longer.", metavar="X"),
+    Setting("fencing_retry_max_delay", 60.0, _positive_float, "Cap on one retry delay, seconds.", metavar="SECONDS"),
+    Setting("fencing_retry_jitter", 0.25, _fraction, "Fraction of each delay that is randomised.", metavar="FRACTION"),
+    Setting(
+        "fencing_allow_volatile_source",
+        False,
+        _flag,
+        "Allow memory:// as the worker's source (tests only: it forgets its counter).",
+        is_flag=True,
+    ),
+    Setting(
+        "fencing_abort_on_session_loss",
+        False,
+        _flag,
+        "Stop a task at its next gate call once its ZooKeeper session was suspended or lost.",
+        is_flag=True,
+    ),
+)
+
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class FencingSettings:
+    """The resolved, validated settings of one app."""
+
+    source: Any
+    timeout: float
+    on_stale: Any
+    mode: str
+    max_retries: int
+    retry_countdown: float
+    retry_backoff_factor: float
+    retry_max_delay: float
+    retry_jitter: float
+    allow_volatile_source: bool
+    abort_on_session_loss: bool
+
+
+def read_settings(conf: Any) -> FencingSettings:
+    """Read and validate every ``fencing_*`` setting from a Celery ``app.conf``.
+
+    :raises FencingConfigurationError: naming the first bad setting.
+    """
+    values: dict[str, Any] = {}
+    for entry in SETTINGS:
+        raw = conf.get(entry.name, entry.default)
+        values[entry.name.removeprefix("fencing_")] = entry.default if raw is None else entry.parse(entry.name, raw)
+    return FencingSettings(**values)
+
+
+def setting(name: str) -> Setting:
+    """Look one setting up by its name."""
+    return _BY_NAME[name]

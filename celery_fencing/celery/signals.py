@@ -1,0 +1,32 @@
+"""Signals for metrics and alerting. They observe; they cannot stop a task.
+
+Receivers run synchronously in the worker process; an exception in a receiver
+is logged by Celery and swallowed. Connect with ``weak=False`` for receivers
+defined inside functions.
+
+=========================  ==========================================================
+signal                     sent with
+=========================  ==========================================================
+``token_minted``           ``sender`` task, ``task_id``, ``token``, ``mode``
+``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
+                           ``high_water``, ``error``, ``action`` (retry/ignore/...)
+``result_dropped``         ``sender`` backend, ``task_id``, ``state``, ``token``,
+                           ``high_water``, ``reason``
+``session_state_changed``  ``sender`` token source, ``state`` (CONNECTED,
+                           SUSPENDED, LOST), ``task_ids`` holding tokens then
+=========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = ["fencing_rejected", "result_dropped", "session_state_changed", "token_minted"]
+
+token_minted = Signal(name="token_minted", providing_args={"task_id", "token", "mode"})
+fencing_rejected = Signal(
+    name="fencing_rejected",
+    providing_args={"task_id", "resource", "token", "high_water", "error", "action"},
+)
+result_dropped = Signal(name="result_dropped", providing_args={"task_id", "state", "token", "high_water", "reason"})
+session_state_changed = Signal(name="session_state_changed", providing_args={"state", "task_ids"})

@@ -1,0 +1,351 @@
+"""``FencedTask``: a Celery task base class that runs every execution under a fencing token.
+
+Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
+``Ignore`` and ``Reject`` raised here behave as if raised by the task body):
+
+1. ``before_start``: compute the resource from the task's arguments, mint a
+   token (or take an exclusive lease and its token), put it on
+   ``self.request.fencing_token``, then **claim** it on every gate in
+   ``fencing_gates`` and on a fenced result backend, before the body reads
+   anything. A claim that is refused means a newer execution already started.
+2. ``__call__``: run the body with the token as the current token
+   (:func:`celery_fencing.current_token`), so gates called without a token use it.
+3. A :class:`~celery_fencing.StaleTokenError` (or a lost lease) anywhere in 1-2
+   goes to the task's on-stale policy: retry (new attempt, new token, re-read,
+   redo), ignore, reject or raise. A token source that is unavailable is
+   retried with the same backoff: the body never runs unfenced.
+
+Task options (class attributes, or keyword arguments of ``@app.task``):
+
+``fencing_resource``
+    ``"account:{account_id}"`` (formatted with the task's bound arguments), a
+    callable taking the task's arguments, or ``None`` for the task id.
+``fencing_on_stale``
+    ``"retry"``, ``"ignore"``, ``"reject"``, ``"raise"`` or a policy object
+    (:mod:`celery_fencing.policies`). Default: ``fencing_on_stale`` setting,
+    else ``"ignore"`` for task-id resources and ``"retry"`` otherwise.
+``fencing_gates``
+    Gates to claim on at start: a sequence, or a zero-argument callable
+    called once per worker process (for clients that must not cross fork).
+``fencing_mode``
+    ``"token"`` or ``"exclusive"`` (hold a ZooKeeper lease for the run).
+``fencing_max_retries``, ``fencing_retry_countdown``, ``fencing_retry_backoff_factor``,
+``fencing_retry_max_delay``, ``fencing_retry_jitter``
+    Per-task overrides of the settings of the same name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore, Reject
+
+from ..context import Execution, token_context
+from ..exceptions import (
+    FencingConfigurationError,
+    FencingError,
+    InvalidTokenError,
+    LeaseLostError,
+    StaleTokenError,
+    TokenUnavailableError,
+)
+from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleState, decide, policy_from_setting
+from ..protocols import Gate
+from ..token import FencingToken, validate_resource
+from . import signals
+from .runtime import runtime_for
+from .settings import MODES, SETTINGS, FencingSettings
+
+__all__ = ["FencedTask", "fenced_task"]
+
+logger = logging.getLogger("celery_fencing")
+
+#: The task options FencedTask understands; any other ``fencing_*`` attribute is a typo.
+TASK_OPTIONS = frozenset(
+    {
+        "fencing_resource",
+        "fencing_on_stale",
+        "fencing_gates",
+        "fencing_mode",
+        "fencing_max_retries",
+        "fencing_retry_countdown",
+        "fencing_retry_backoff_factor",
+        "fencing_retry_max_delay",
+        "fencing_retry_jitter",
+    }
+)
+
+# Errors that mean "this execution must not go on"; the policy decides what follows.
+_FENCED_OUT = (StaleTokenError, LeaseLostError)
+
+
+class FencedTask(Task):  # type: ignore[misc]
+    """Base class of fenced tasks: ``@app.task(base=FencedTask, fencing_resource="account:{account_id}")``.
+
+    ``self.request.fencing_token`` holds the execution's :class:`FencingToken`
+    and ``self.request.fencing_resource`` its resource. Thread safety: one task
+    instance serves every execution in a process; all per-execution state lives
+    on ``self.request`` (a thread-local stack), never on ``self``.
+    """
+
+    fencing_resource: ClassVar[str | Callable[..., str] | None] = None
+    fencing_on_stale: ClassVar[str | Policy | None] = None
+    fencing_gates: ClassVar[Sequence[Gate] | Callable[[], Sequence[Gate]]] = ()
+    fencing_mode: ClassVar[str | None] = None
+    fencing_max_retries: ClassVar[int | None] = None
+    fencing_retry_countdown: ClassVar[float | None] = None
+    fencing_retry_backoff_factor: ClassVar[float | None] = None
+    fencing_retry_max_delay: ClassVar[float | None] = None
+    fencing_retry_jitter: ClassVar[float | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # @app.task(base=FencedTask, fencing_resorce=...) would silently become an
+        # unused attribute: refuse unknown fencing_* names when the task is defined.
+        unknown = sorted(name for name in vars(cls) if name.startswith("fencing_") and name not in TASK_OPTIONS)
+        if unknown:
+            raise FencingConfigurationError(
+                f"task {cls.__name__}: unknown option(s) {', '.join(unknown)}; "
+                f"known options: {', '.join(sorted(TASK_OPTIONS))}"
+            )
+        if cls.fencing_mode is not None and cls.fencing_mode not in MODES:
+            raise FencingConfigurationError(
+                f"task {cls.__name__}: fencing_mode={cls.fencing_mode!r} is not one of {', '.join(MODES)}"
+            )
+        if cls.fencing_on_stale is not None:
+            policy_from_setting(cls.fencing_on_stale, what=f"{cls.__name__}.fencing_on_stale")
+
+    # Configuration -------------------------------------------------------------------
+
+    def _settings(self) -> FencingSettings:
+        return runtime_for(self.app).settings()
+
+    def _option(self, name: str, settings: FencingSettings) -> Any:
+        value = getattr(self, f"fencing_{name}", None)
+        if value is None:
+            return getattr(settings, name)
+        setting = next(s for s in SETTINGS if s.name == f"fencing_{name}")
+        return setting.parse(f"{type(self).__name__}.fencing_{name}", value)
+
+    def _retry_policy(self, settings: FencingSettings) -> RetryPolicy:
+        backoff = ExponentialBackoff(
+            initial=self._option("retry_countdown", settings),
+            factor=self._option("retry_backoff_factor", settings),
+            maximum=self._option("retry_max_delay", settings),
+            jitter=self._option("retry_jitter", settings),
+        )
+        return RetryPolicy(max_retries=self._option("max_retries", settings), backoff=backoff)
+
+    def _stale_policy(self, settings: FencingSettings, resource_is_task_id: bool) -> Policy:
+        configured = self.fencing_on_stale if self.fencing_on_stale is not None else settings.on_stale
+        if configured is None:
+            configured = "ignore" if resource_is_task_id else "retry"
+        return policy_from_setting(configured, retry_factory=lambda: self._retry_policy(settings))
+
+    def fencing_resource_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+        """Return the resource this execution is fenced on.
+
+        :raises FencingConfigurationError: the template names an argument the
+            task does not take, or yields an invalid resource.
+        """
+        spec = self.fencing_resource
+        if spec is None:
+            task_id = self.request.id
+            if not task_id:
+                raise FencingConfigurationError(f"task {self.name}: no task id to fence on (called directly?)")
+            return str(task_id)
+        try:
+            if callable(spec):
+                resource = spec(*args, **kwargs)
+            else:
+                bound = inspect.signature(self.run).bind(*args, **kwargs)
+                bound.apply_defaults()
+                resource = spec.format_map(bound.arguments)
+            return validate_resource(resource)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError, InvalidTokenError) as exc:
+            raise FencingConfigurationError(
+                f"task {self.name}: cannot build the fencing resource from {spec!r} "
+                f"with args={args!r:.100} kwargs={kwargs!r:.100}: {exc}"
+            ) from exc
+
+    # Lifecycle ----------------------------------------------------------------------
+
+    def before_start(self, task_id: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Mint (or lease) the execution's token and claim it before the body runs."""
+        self._start_fencing(args, kwargs)
+
+    def _start_fencing(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Execution:
+        request = self.request
+        settings = self._settings()
+        resource = self.fencing_resource_for(args, kwargs)
+        resource_is_task_id = self.fencing_resource is None
+        request.fencing_resource = resource
+        request.fencing_resource_is_task_id = resource_is_task_id
+        runtime = runtime_for(self.app)
+        source = runtime.source()
+        mode = self.fencing_mode or settings.mode
+        lease: AbstractContextManager[Any] | None = None
+        try:
+            if mode == "exclusive":
+                lease_factory = getattr(source, "lease", None)
+                if lease_factory is None:
+                    raise FencingConfigurationError(
+                        f"task {self.name}: fencing_mode='exclusive' needs a source with leases (ZooKeeper), "
+                        f"not {type(source).__name__}"
+                    )
+                lease = lease_factory(resource, timeout=settings.timeout)
+                held = lease.__enter__()
+                request.fencing_lease = (lease, held)
+                token = held.token
+            else:
+                token = source.mint(resource, timeout=settings.timeout)
+        except TokenUnavailableError as exc:
+            self._fenced_out(exc, resource, resource_is_task_id, settings, unavailable=True)
+        execution = Execution(token, task_id=request.id, abort_on_session_loss=settings.abort_on_session_loss)
+        request.fencing_token = token
+        request.fencing_execution = execution
+        signals.token_minted.send(sender=self, task_id=request.id, token=token, mode=mode)
+        logger.debug("task %s[%s] minted %r", self.name, request.id, token)
+        try:
+            for gate in runtime.gates(self):
+                gate.claim(token)
+            claim_result = getattr(self.backend, "claim_result", None)
+            if claim_result is not None and not request.ignore_result:
+                claim_result(request.id, token)
+        except _FENCED_OUT as exc:
+            self._release_lease()
+            self._fenced_out(exc, resource, resource_is_task_id, settings)
+        except BaseException:
+            self._release_lease()
+            raise
+        return execution
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        execution: Execution | None = request.get("fencing_execution")
+        if execution is None:
+            # Called directly (task(...)), without the tracer: before_start did not run.
+            execution = self._start_fencing(args, kwargs)
+        try:
+            with token_context(execution):
+                return super().__call__(*args, **kwargs)
+        except _FENCED_OUT as exc:
+            self._fenced_out(
+                exc, execution.token.resource, bool(request.get("fencing_resource_is_task_id")), self._settings()
+            )
+        finally:
+            self._release_lease()
+
+    def _release_lease(self) -> None:
+        held = self.request.get("fencing_lease")
+        if held is not None:
+            self.request.fencing_lease = None
+            lease, _ = held
+            lease.__exit__(None, None, None)
+
+    # Rejections -----------------------------------------------------------------------
+
+    def _fenced_out(
+        self,
+        exc: FencingError,
+        resource: str,
+        resource_is_task_id: bool,
+        settings: FencingSettings,
+        *,
+        unavailable: bool = False,
+    ) -> Any:
+        """Turn a fencing error into the policy's decision. Never returns."""
+        request = self.request
+        state = StaleState(
+            error=exc,
+            retries=int(request.retries or 0),
+            resource=resource,
+            resource_is_task_id=resource_is_task_id,
+            jitter=random.random(),
+        )
+        # A grantor that is down is not a newer execution: retry it with backoff
+        # whatever the stale policy says; the body never runs without a token.
+        policy: Policy = (
+            self._retry_policy(settings) if unavailable else self._stale_policy(settings, resource_is_task_id)
+        )
+        decision = decide(policy, state)
+        token = getattr(exc, "token", None)
+        high_water = getattr(exc, "high_water", None)
+        if token is None:
+            current: FencingToken | None = request.get("fencing_token")
+            token = current.value if current is not None else None
+        logger.warning(
+            "task %s[%s] fenced out on %r (token %s, high-water mark %s): %s -> %s%s",
+            self.name,
+            request.id,
+            resource,
+            token,
+            high_water,
+            exc,
+            decision.action,
+            f" in {decision.countdown:.2f}s" if decision.countdown is not None else "",
+        )
+        signals.fencing_rejected.send(
+            sender=self,
+            task_id=request.id,
+            resource=resource,
+            token=token,
+            high_water=high_water,
+            error=exc,
+            action=decision.action,
+        )
+        raise self._apply(decision, exc)
+
+    def _apply(self, decision: Decision, exc: FencingError) -> BaseException:
+        if decision.action == "retry":
+            # The policy already counted the retries: let Celery's own limit pass.
+            retries = int(self.request.retries or 0)
+            retry: BaseException = self.retry(
+                exc=exc, countdown=decision.countdown, max_retries=retries + 1, throw=False
+            )
+            return retry
+        if decision.action == "ignore":
+            ignore: BaseException = Ignore(str(exc))
+            return ignore
+        if decision.action == "reject":
+            reject: BaseException = Reject(exc, requeue=False)
+            return reject
+        return exc
+
+
+def fenced_task(
+    app: Any = None,
+    *,
+    resource: str | Callable[..., str] | None = None,
+    on_stale: str | Policy | None = None,
+    gates: Sequence[Gate] | Callable[[], Sequence[Gate]] = (),
+    mode: str | None = None,
+    **task_options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator shortcut for ``@app.task(base=FencedTask, fencing_resource=..., ...)``.
+
+    With no *app*, registers a shared task (``celery.shared_task``).
+    """
+    options = {
+        "base": task_options.pop("base", FencedTask),
+        "fencing_resource": resource,
+        "fencing_on_stale": on_stale,
+        "fencing_gates": gates,
+        "fencing_mode": mode,
+        **task_options,
+    }
+
+    def decorate(fun: Callable[..., Any]) -> Any:
+        if app is None:
+            from celery import shared_task
+
+            return shared_task(**options)(fun)
+        return app.task(**options)(fun)
+
+    return decorate

@@ -1,0 +1,120 @@
+"""Worker integration: ``install(app)`` adds the ``--fencing-*`` flags and a bootstep.
+
+What ``install`` wires, and why:
+
+* One ``click`` option per setting in :data:`~celery_fencing.celery.settings.SETTINGS`,
+  shown by ``celery worker --help``. A flag given on the command line is
+  written into ``app.conf`` by the bootstep's constructor, which runs before the
+  pool forks, so prefork children inherit it (flags win over settings).
+* The bootstep validates every setting at start: a worker with a bad setting
+  refuses to start, naming it, instead of failing every task later.
+* Token sources are per process. prefork: each child opens its own in
+  ``worker_process_init`` (bounded by ``fencing_timeout``, well inside the pool's
+  4 s ``worker_proc_alive_timeout`` by default) and closes it at
+  ``worker_process_shutdown``. solo, threads, gevent: the bootstep opens one
+  source in the worker process, shared by its threads, and closes it at stop.
+  A failed early open is logged, not raised: a raising child would be
+  restarted in a loop; tasks then retry until the source is back.
+
+It uses public Celery hooks only, and every signal handler is connected with
+``weak=False`` and has a matching disconnect in :func:`uninstall`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import click
+from celery import bootsteps
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from ..exceptions import FencingError
+from .runtime import runtime_for
+from .settings import SETTINGS
+
+__all__ = ["FencingBootstep", "install", "uninstall"]
+
+logger = logging.getLogger("celery_fencing")
+
+_INSTALLED_ATTR = "_celery_fencing_installed"
+
+
+class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Applies ``--fencing-*`` flags, validates settings, owns the worker process's source."""
+
+    label = "celery-fencing"
+    requires: ClassVar[set[str]] = {"celery.worker.components:Pool"}
+
+    def __init__(self, parent: Any, **options: Any) -> None:
+        super().__init__(parent, **options)
+        app = parent.app
+        for setting in SETTINGS:
+            value = options.get(setting.name)
+            if value is not None and not (setting.is_flag and value is False):
+                app.conf[setting.name] = value
+        # Fail the worker's start on a bad setting, naming it.
+        runtime_for(app).reload_settings()
+        self.app = app
+
+    def start(self, parent: Any) -> None:
+        if _is_prefork(parent):
+            return  # each child opens its own source (worker_process_init)
+        _open_source(self.app)
+
+    def stop(self, parent: Any) -> None:
+        runtime_for(self.app).close()
+
+    # The embedded test worker (celery.contrib.testing) calls terminate, not stop.
+    terminate = stop
+
+
+def _is_prefork(worker: Any) -> bool:
+    pool_cls = getattr(worker, "pool_cls", None)
+    name = getattr(pool_cls, "__module__", "") + "." + getattr(pool_cls, "__name__", str(pool_cls))
+    return "prefork" in name
+
+
+def _open_source(app: Any) -> None:
+    try:
+        runtime_for(app).source()
+    except FencingError as exc:
+        logger.error("fencing token source could not be opened: %s; tasks will retry until it can", exc)
+
+
+def install(app: Any) -> Any:
+    """Add the ``--fencing-*`` worker flags, the bootstep and the per-process hooks to *app*.
+
+    Idempotent. Returns *app*, so ``app = install(Celery(...))`` reads well.
+    """
+    if getattr(app, _INSTALLED_ATTR, False):
+        return app
+    for setting in SETTINGS:
+        if setting.is_flag:
+            option = click.Option([setting.flag], is_flag=True, default=None, help=setting.help)
+        else:
+            option = click.Option([setting.flag], default=None, metavar=setting.metavar, help=setting.help)
+        app.user_options["worker"].add(option)
+    app.steps["worker"].add(FencingBootstep)
+
+    def on_process_init(**_: Any) -> None:
+        _open_source(app)
+
+    def on_process_shutdown(**_: Any) -> None:
+        runtime_for(app).close()
+
+    worker_process_init.connect(on_process_init, weak=False)
+    worker_process_shutdown.connect(on_process_shutdown, weak=False)
+    app._celery_fencing_handlers = (on_process_init, on_process_shutdown)
+    setattr(app, _INSTALLED_ATTR, True)
+    return app
+
+
+def uninstall(app: Any) -> None:
+    """Undo :func:`install`'s signal connections (flags and bootstep stay registered)."""
+    handlers = getattr(app, "_celery_fencing_handlers", None)
+    if handlers:
+        worker_process_init.disconnect(handlers[0])
+        worker_process_shutdown.disconnect(handlers[1])
+    runtime_for(app).close()
+    setattr(app, _INSTALLED_ATTR, False)
