@@ -29,7 +29,7 @@ import click
 from celery import bootsteps
 from celery.signals import worker_process_init, worker_process_shutdown
 
-from ..exceptions import FencingError
+from ..exceptions import FencingConfigurationError, FencingError, TokenUnavailableError
 from .runtime import runtime_for
 from .settings import SETTINGS
 
@@ -53,9 +53,24 @@ class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
             value = options.get(setting.name)
             if value is not None and not (setting.is_flag and value is False):
                 app.conf[setting.name] = value
-        # Fail the worker's start on a bad setting, naming it.
-        runtime_for(app).reload_settings()
+        # Fail the worker's start on a bad or missing setting, naming it.
+        settings = runtime_for(app).reload_settings()
+        if settings.source is None:
+            raise FencingConfigurationError(
+                "celery-fencing is installed but no token source is configured: set fencing_source "
+                "(e.g. 'zookeeper://127.0.0.1:2181/fencing') or pass --fencing-source URL"
+            )
         self.app = app
+        # Build the source once now, so a malformed URL or a volatile source stops
+        # the start. Close it again before the pool forks: clients must not cross
+        # fork(). A grantor that is merely down is no reason to refuse to start.
+        runtime = runtime_for(app)
+        try:
+            runtime.source()
+        except TokenUnavailableError as exc:
+            logger.warning("fencing token source unavailable at worker start: %s", exc)
+        finally:
+            runtime.close()
 
     def start(self, parent: Any) -> None:
         if _is_prefork(parent):

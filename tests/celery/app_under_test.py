@@ -1,0 +1,189 @@
+"""The Celery app the integration tests run in real ``celery worker`` processes.
+
+Configured entirely from the environment (each test gets its own queue, key
+prefix and token source):
+
+FT_BROKER    broker URL                   FT_BACKEND  result backend URL
+FT_REDIS     Redis URL for the task data  FT_PREFIX   key prefix of this test
+FT_QUEUE     queue name                   FT_SOURCE   token source URL (optional:
+                                                      tests also pass --fencing-source)
+FT_VISIBILITY_TIMEOUT  broker visibility timeout in seconds (Redis broker)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+from celery_fencing.celery import FencedTask, install
+from celery_fencing.celery.runtime import runtime_for
+
+PREFIX = os.environ.get("FT_PREFIX", "ft")
+QUEUE = os.environ.get("FT_QUEUE", "celery")
+
+app = install(Celery("app_under_test", broker=os.environ.get("FT_BROKER"), backend=os.environ.get("FT_BACKEND")))
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+    fencing_retry_countdown=0.05,
+    fencing_retry_max_delay=0.5,
+    fencing_retry_backoff_factor=1.5,
+    fencing_max_retries=int(os.environ.get("FT_MAX_RETRIES", "60")),
+)
+if os.environ.get("FT_SOURCE"):
+    app.conf.fencing_source = os.environ["FT_SOURCE"]
+if os.environ.get("FT_VISIBILITY_TIMEOUT"):
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["FT_VISIBILITY_TIMEOUT"]),
+        # kombu sweeps unacked messages every interval x throttle seconds (10 x 10 by default).
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+
+
+def data() -> redis.Redis:
+    """This process's Redis client for task data (redis-py rebuilds its pool after fork)."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["FT_REDIS"])
+    return _client
+
+
+_client: redis.Redis | None = None
+
+
+def gates() -> list[Any]:
+    """The gates of this process (built per process: the Redis client must not cross fork)."""
+    from celery_fencing.gates.redis import RedisGate
+
+    return [RedisGate(data(), prefix=f"{PREFIX}:fence")]
+
+
+def key(*parts: object) -> str:
+    return ":".join([PREFIX, *map(str, parts)])
+
+
+def event(*fields: object) -> None:
+    """Append one line to the test's event log (plain write: what happened, in order)."""
+    data().rpush(key("events"), " ".join(map(str, fields)))
+
+
+def wait_released(task_id: str, token: int, limit: float = 120) -> None:
+    # The test decides when this execution (task id + token) may go on: it sets the release key.
+    deadline = time.monotonic() + limit
+    while not data().exists(key("release", task_id, token)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# Re-delivery ---------------------------------------------------------------------------
+
+
+@app.task(bind=True, base=FencedTask, fencing_gates=gates)
+def gated_job(self: Task, name: str, value: str, fenced: bool = True) -> str:
+    """A long job fenced on its task id: records its start, waits, then writes (through the gate if fenced)."""
+    token = self.request.fencing_token
+    event("start", self.request.id, token.value, os.getpid())
+    wait_released(self.request.id, token.value)
+    written = f"{value}@{token.value}"
+    if fenced:
+        gates()[0].set(None, key("job", name), written)
+    else:
+        data().set(key("job", name), written)
+    event("wrote", self.request.id, token.value, os.getpid())
+    return written
+
+
+@app.task(bind=True, base=FencedTask)
+def result_only_job(self: Task, value: str) -> str:
+    """A long job with no gate of its own: only its result write is fenced (by the backend)."""
+    token = self.request.fencing_token
+    event("start", self.request.id, token.value, os.getpid())
+    wait_released(self.request.id, token.value)
+    event("return", self.request.id, token.value, os.getpid())
+    return f"{value}@{token.value}@{os.getpid()}"
+
+
+# Read-modify-write ---------------------------------------------------------------------
+
+
+def _think() -> None:
+    time.sleep(float(os.environ.get("FT_THINK", "0.01")))
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}", fencing_gates=gates)
+def deposit(self: Task, account_id: int, amount: int) -> int:
+    """Fenced read-modify-write: claimed at start, so a paused older attempt cannot land its write."""
+    balance = int(data().get(key("balance", account_id)) or 0)
+    _think()
+    gates()[0].set(None, key("balance", account_id), balance + amount)
+    data().rpush(key("applied", account_id), self.request.id)
+    return balance + amount
+
+
+@app.task(bind=True)
+def deposit_unfenced(self: Task, account_id: int, amount: int) -> int:
+    """The negative control: the same read-modify-write with a plain SET."""
+    balance = int(data().get(key("balance", account_id)) or 0)
+    _think()
+    data().set(key("balance", account_id), balance + amount)
+    data().rpush(key("applied", account_id), self.request.id)
+    return balance + amount
+
+
+# Policies ------------------------------------------------------------------------------
+
+
+def _fence_out_once(task: Task, always: bool) -> None:
+    """Stand in for a newer execution: mint a newer token for this resource and claim it."""
+    if always or not task.request.retries:
+        newer = runtime_for(app).source().mint(task.request.fencing_resource)
+        gates()[0].claim(newer)
+        event("fenced-out", task.request.id, task.request.retries, task.request.fencing_token.value, newer.value)
+
+
+def _policy_body(task: Task, name: str, always: bool) -> dict[str, Any]:
+    event("attempt", task.request.id, task.request.retries, task.request.fencing_token.value)
+    _fence_out_once(task, always)
+    gates()[0].set(None, key("policy", name), task.request.fencing_token.value)
+    return {"retries": task.request.retries, "token": task.request.fencing_token.value}
+
+
+def _policy_task(policy: str, max_retries: int | None = None) -> Any:
+    options: dict[str, Any] = {"fencing_on_stale": policy}
+    if max_retries is not None:
+        options["fencing_max_retries"] = max_retries
+
+    @app.task(
+        bind=True,
+        base=FencedTask,
+        name=f"policy_{policy}_{max_retries}",
+        fencing_resource="policy:{name}",
+        fencing_gates=gates,
+        **options,
+    )
+    def run(self: Task, name: str, always: bool = False) -> dict[str, Any]:
+        return _policy_body(self, name, always)
+
+    return run
+
+
+policy_retry = _policy_task("retry")
+policy_retry_limited = _policy_task("retry", max_retries=2)
+policy_ignore = _policy_task("ignore")
+policy_reject = _policy_task("reject")
+policy_raise = _policy_task("raise")
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="plain:{name}")
+def whoami(self: Task, name: str) -> dict[str, Any]:
+    """Report the token this execution got, and the pid that ran it."""
+    token = self.request.fencing_token
+    return {"resource": token.resource, "token": token.value, "pid": os.getpid()}

@@ -1,0 +1,93 @@
+"""Fixtures for tests that run real ``celery worker`` processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from .workers import WorkerProcess
+
+APP_MODULE = "tests.celery.app_under_test"
+
+
+class Scenario:
+    """One test's world: a queue, a key prefix, a token source, workers, and a client app."""
+
+    def __init__(self, name: str, redis_url: str, tmp_path: Path, broker: str | None = None) -> None:
+        self.name = name
+        self.tmp_path = tmp_path
+        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.source_url = f"sqlite:///{tmp_path / 'tokens.db'}"
+        self.env: dict[str, str] = {
+            "FT_BROKER": broker or redis_url,
+            "FT_BACKEND": "fenced+" + redis_url,
+            "FT_REDIS": redis_url,
+            "FT_PREFIX": name,
+            "FT_QUEUE": name,
+            "FT_SOURCE": self.source_url,
+        }
+        self.workers: list[WorkerProcess] = []
+        self._client: Celery | None = None
+
+    @property
+    def client(self) -> Celery:
+        """A producer-side app: sends tasks by name and reads results through the fenced backend."""
+        if self._client is None:
+            self._client = Celery("client", broker=self.env["FT_BROKER"], backend=self.env["FT_BACKEND"])
+            self._client.conf.task_default_queue = self.name
+            if "FT_VISIBILITY_TIMEOUT" in self.env:
+                self._client.conf.broker_transport_options = {
+                    "visibility_timeout": float(self.env["FT_VISIBILITY_TIMEOUT"])
+                }
+        return self._client
+
+    def send(self, task: str, *args: Any, **kwargs: Any) -> Any:
+        return self.client.send_task(f"tests.celery.app_under_test.{task}", args=args, kwargs=kwargs, queue=self.name)
+
+    def worker(
+        self, name: str, *, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
+    ) -> WorkerProcess:
+        process = WorkerProcess(
+            APP_MODULE,
+            name=f"{self.name}-{name}",
+            queue=self.name,
+            env=self.env,
+            log_dir=self.tmp_path,
+            pool=pool,
+            concurrency=concurrency,
+            extra_args=extra_args,
+        )
+        self.workers.append(process)
+        return process.start()
+
+    def key(self, *parts: object) -> str:
+        return ":".join([self.name, *map(str, parts)])
+
+    def events(self) -> list[list[str]]:
+        return [line.split() for line in self.redis.lrange(self.key("events"), 0, -1)]
+
+    def release(self, task_id: str, token: int | str) -> None:
+        """Let the execution of *task_id* holding *token* go on past its wait."""
+        self.redis.set(self.key("release", task_id, token), 1, ex=600)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        if self._client is not None:
+            self._client.close()
+        keys = list(self.redis.scan_iter(f"{self.name}*")) + list(self.redis.scan_iter(f"*{self.name}*"))
+        if keys:
+            self.redis.delete(*set(keys))
+        self.redis.close()
+
+
+@pytest.fixture
+def scenario(redis_url: str, tmp_path: Path, unique_name: str) -> Iterator[Scenario]:
+    world = Scenario(unique_name, redis_url, tmp_path)
+    yield world
+    world.close()

@@ -1,0 +1,76 @@
+"""Worker flags: listed by ``celery worker --help``, applied over settings, validated at start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from celery_fencing import SQLiteTokenSource
+from celery_fencing.celery.settings import SETTINGS
+
+from .conftest import APP_MODULE, Scenario
+from .workers import ROOT, WorkerProcess
+
+
+def test_help_lists_every_fencing_flag(scenario: Scenario) -> None:
+    """`celery -A app worker --help` shows one --fencing-* flag per setting."""
+    env = {**scenario.env, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", "--help"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for setting in SETTINGS:
+        assert setting.flag in done.stdout, setting.flag
+
+
+def test_source_flag_overrides_the_setting(scenario: Scenario) -> None:
+    """--fencing-source wins over fencing_source: tokens come from the flag's SQLite file."""
+    flagged = scenario.tmp_path / "flagged.db"
+    scenario.worker("w1", extra_args=("--fencing-source", f"sqlite:///{flagged}"))
+    got = scenario.send("whoami", "f").get(timeout=30)
+    source = SQLiteTokenSource(flagged)
+    assert source.mint("plain:f").value == got["token"] + 1
+    source.close()
+    assert not (scenario.tmp_path / "tokens.db").exists(), "the setting's source must not have been used"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "named"),
+    [
+        (("--fencing-timeout", "soon"), "fencing_timeout"),
+        (("--fencing-on-stale", "panic"), "fencing_on_stale"),
+        (("--fencing-mode", "shared"), "fencing_mode"),
+        (("--fencing-source", "etcd://x"), "unknown token source scheme"),
+        (("--fencing-source", "memory://"), "is volatile"),
+    ],
+    ids=["timeout", "on-stale", "mode", "source", "volatile-source"],
+)
+def test_bad_flag_stops_the_worker_naming_it(scenario: Scenario, extra_args: tuple[str, ...], named: str) -> None:
+    """A bad flag value makes the worker refuse to start, with an error naming the setting."""
+    worker = WorkerProcess(
+        APP_MODULE, name="bad", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path, extra_args=extra_args
+    )
+    scenario.workers.append(worker)
+    with pytest.raises(AssertionError, match="exited with"):
+        worker.start(timeout=60)
+    assert named in worker.log()
+
+
+def test_worker_without_source_refuses_to_start(scenario: Scenario) -> None:
+    """With celery-fencing installed and no source configured, the worker does not start."""
+    del scenario.env["FT_SOURCE"]
+    worker = WorkerProcess(
+        APP_MODULE, name="nosource", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path
+    )
+    scenario.workers.append(worker)
+    with pytest.raises(AssertionError, match="exited with"):
+        worker.start(timeout=60)
+    assert "no token source is configured" in worker.log()

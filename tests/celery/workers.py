@@ -1,0 +1,147 @@
+"""Real ``celery worker`` processes for the integration tests.
+
+Each WorkerProcess is started in its own process group, so a test can pause or
+kill the pool children as well as the parent, and cleanup reaches every
+process it started, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+    """Poll *predicate* until it returns something truthy; fail naming *what* after *timeout*."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of *pid* (Linux /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of *pid* from /proc (R, S, T for stopped, Z, ...), '' if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+class WorkerProcess:
+    """One ``celery -A <app> worker`` subprocess with its log captured to a file."""
+
+    def __init__(
+        self,
+        app_module: str,
+        *,
+        name: str,
+        queue: str,
+        env: dict[str, str],
+        log_dir: Path,
+        pool: str = "solo",
+        concurrency: int = 1,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app_module,
+            "worker",
+            "-n",
+            f"{name}@%h",
+            "-Q",
+            queue,
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra_args,
+        ]
+        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> WorkerProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_for(lambda: self._ready(), timeout, f"worker {self.name} to be ready (log: {self.log_path})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        return " ready." in self.log()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def pool_pids(self) -> list[int]:
+        """The prefork pool's child processes (empty for solo/threads)."""
+        return children_of(self.pid)
+
+    def pause(self, pid: int | None = None) -> None:
+        """SIGSTOP one process (default: the worker itself) and wait until the kernel shows it stopped."""
+        target = pid or self.pid
+        os.kill(target, signal.SIGSTOP)
+        wait_for(lambda: process_state(target) in ("T", "t", ""), 10, f"pid {target} to stop")
+
+    def resume(self, pid: int | None = None) -> None:
+        os.kill(pid or self.pid, signal.SIGCONT)
+
+    def stop(self, timeout: float = 20) -> None:
+        """Warm shutdown, then SIGKILL of the whole process group if it does not finish."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGCONT)
+            os.kill(self.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
