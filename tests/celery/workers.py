@@ -7,6 +7,7 @@ process it started, also when the test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -140,8 +141,6 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             pass
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(10)
