@@ -1,0 +1,110 @@
+"""FencedTask in eager mode with in-memory source and gate: option checks and the token's path.
+
+These pin the task's logic quickly; the real-worker tests in tests/celery prove it in processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import Retry
+
+from celery_fencing import FencingConfigurationError, MemoryGate, MemoryTokenSource, StaleTokenError, current_token
+from celery_fencing.celery import FencedTask, fenced_task
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("unit", set_as_current=False)
+    app.conf.update(
+        task_always_eager=True,
+        task_eager_propagates=True,
+        fencing_source=MemoryTokenSource(),
+        fencing_allow_volatile_source=True,
+        fencing_retry_countdown=0,
+    )
+    yield app
+    app.close()
+
+
+def test_unknown_fencing_option_is_refused(app: Celery) -> None:
+    """A misspelt task option fails when the task is defined, naming it."""
+    with pytest.raises(FencingConfigurationError, match="fencing_resorce"):
+
+        @app.task(base=FencedTask, fencing_resorce="x", shared=False)
+        def task() -> None: ...
+
+        task.run  # noqa: B018 - Celery creates the class lazily
+
+
+def test_resource_template_uses_bound_arguments(app: Celery) -> None:
+    """`account:{account_id}` is filled from positional, keyword and default arguments."""
+
+    @app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}:{currency}", shared=False)
+    def deposit(self: Any, account_id: int, amount: int, currency: str = "EUR") -> str:
+        return str(self.request.fencing_token.resource)
+
+    assert deposit.delay(42, 10).get() == "account:42:EUR"
+    assert deposit.delay(amount=1, account_id=7, currency="USD").get() == "account:7:USD"
+
+
+def test_bad_template_names_the_task(app: Celery) -> None:
+    """A template naming a missing argument is a configuration error naming the template."""
+
+    @app.task(base=FencedTask, fencing_resource="account:{acount_id}", shared=False)
+    def deposit(account_id: int) -> None: ...
+
+    with pytest.raises(FencingConfigurationError, match="acount_id"):
+        deposit.delay(1).get()
+
+
+def test_token_is_current_inside_the_body(app: Celery) -> None:
+    """current_token() inside the body is the execution's token; outside it is None."""
+
+    @fenced_task(app, bind=True, shared=False)
+    def job(self: Any) -> tuple[int, int]:
+        token = current_token()
+        assert token is not None
+        return token.value, self.request.fencing_token.value
+
+    inside, on_request = job.delay().get()
+    assert inside == on_request
+    assert current_token() is None
+
+
+def test_stale_body_is_retried_with_a_new_token(app: Celery) -> None:
+    """A StaleTokenError in the body retries the task; the new attempt carries a larger token."""
+    gate = MemoryGate()
+    tokens: list[int] = []
+
+    @app.task(bind=True, base=FencedTask, fencing_resource="acct", fencing_gates=[gate], shared=False)
+    def job(self: Any) -> int:
+        tokens.append(self.request.fencing_token.value)
+        if len(tokens) == 1:
+            gate.claim(app.conf.fencing_source.mint("acct"))  # a newer execution claims
+        gate.set(None, "balance", len(tokens))
+        return len(tokens)
+
+    # Eager mode runs the retry inline, then reports the first attempt's Retry.
+    with pytest.raises(Retry):
+        job.delay().get()
+    assert len(tokens) == 2 and tokens[1] > tokens[0]
+    assert gate.get("balance") == 2 and gate.high_water("acct") == tokens[1]
+
+
+def test_raise_policy_fails_the_task(app: Celery) -> None:
+    """With fencing_on_stale='raise', the StaleTokenError propagates."""
+    gate = MemoryGate()
+
+    @app.task(base=FencedTask, fencing_resource="acct", fencing_on_stale="raise", shared=False)
+    def job() -> None:
+        token = current_token()
+        assert token is not None
+        gate.claim(app.conf.fencing_source.mint("acct"))
+        gate.set(token, "k", 1)
+
+    with pytest.raises(StaleTokenError):
+        job.delay().get()
