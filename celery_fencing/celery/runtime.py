@@ -9,6 +9,7 @@ so connection problems show in the log at start rather than at the first task.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -21,7 +22,7 @@ from ..protocols import Gate, TokenSource
 from ..sources import token_source_from_url
 from .settings import FencingSettings, read_settings
 
-__all__ = ["FencingRuntime", "runtime_for"]
+__all__ = ["FencingRuntime", "runtime_for", "task_option"]
 
 logger = logging.getLogger("celery_fencing")
 
@@ -107,7 +108,7 @@ class FencingRuntime:
 
     def gates(self, task: Any) -> Sequence[Gate]:
         """The gates a task claims on, built once per process from ``task.fencing_gates``."""
-        spec: Sequence[Gate] | Callable[[], Sequence[Gate]] = getattr(task, "fencing_gates", ()) or ()
+        spec: Sequence[Gate] | Callable[[], Sequence[Gate]] = task_option(task, "fencing_gates") or ()
         if not callable(spec):
             return spec
         with self._lock:
@@ -132,6 +133,16 @@ class FencingRuntime:
                 source.close()
             except Exception:  # closing must not mask a shutdown in progress
                 logger.exception("closing the fencing token source failed")
+
+
+def task_option(task: Any, name: str) -> Any:
+    """Read a task option without binding it: a plain function given as
+    ``@app.task(fencing_gates=make_gates)`` becomes a class attribute, and plain
+    attribute access would turn it into a method of the task."""
+    value = inspect.getattr_static(task, name, None)
+    if isinstance(value, staticmethod | classmethod):
+        return value.__get__(None, type(task))
+    return value
 
 
 _runtimes: weakref.WeakKeyDictionary[Any, FencingRuntime] = weakref.WeakKeyDictionary()

@@ -59,7 +59,7 @@ from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleS
 from ..protocols import Gate
 from ..token import FencingToken, validate_resource
 from . import signals
-from .runtime import runtime_for
+from .runtime import runtime_for, task_option
 from .settings import MODES, SETTINGS, FencingSettings
 
 __all__ = ["FencedTask", "fenced_task"]
@@ -143,7 +143,8 @@ class FencedTask(Task):  # type: ignore[misc]
         return RetryPolicy(max_retries=self._option("max_retries", settings), backoff=backoff)
 
     def _stale_policy(self, settings: FencingSettings, resource_is_task_id: bool) -> Policy:
-        configured = self.fencing_on_stale if self.fencing_on_stale is not None else settings.on_stale
+        own = task_option(self, "fencing_on_stale")
+        configured = own if own is not None else settings.on_stale
         if configured is None:
             configured = "ignore" if resource_is_task_id else "retry"
         return policy_from_setting(configured, retry_factory=lambda: self._retry_policy(settings))
@@ -154,7 +155,7 @@ class FencedTask(Task):  # type: ignore[misc]
         :raises FencingConfigurationError: the template names an argument the
             task does not take, or yields an invalid resource.
         """
-        spec = self.fencing_resource
+        spec = task_option(self, "fencing_resource")
         if spec is None:
             task_id = self.request.id
             if not task_id:

@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_fencing import FencingConfigurationError, MemoryGate, MemoryTokenSource, StaleTokenError, current_token
 from celery_fencing.celery import FencedTask, fenced_task
+from celery_fencing.policies import Decision, StaleState
 
 
 @pytest.fixture
@@ -106,3 +107,37 @@ def test_raise_policy_fails_the_task(app: Celery) -> None:
 
     with pytest.raises(StaleTokenError):
         job.delay().get()
+
+
+def test_callable_options_are_not_bound_as_methods(app: Celery) -> None:
+    """Plain functions given as fencing_resource, fencing_gates and fencing_on_stale are called as they are."""
+    gate = MemoryGate()
+    decisions: list[str] = []
+
+    def resource(account_id: int) -> str:
+        return f"acct-{account_id}"
+
+    def gates() -> list[MemoryGate]:
+        return [gate]
+
+    def on_stale(state: StaleState) -> Decision:
+        decisions.append(str(state.resource))
+        return Decision("raise")
+
+    @app.task(
+        bind=True,
+        base=FencedTask,
+        fencing_resource=resource,
+        fencing_gates=gates,
+        fencing_on_stale=on_stale,
+        shared=False,
+    )
+    def job(self: Any, account_id: int) -> str:
+        gate.claim(app.conf.fencing_source.mint(self.request.fencing_resource))
+        gate.set(None, "k", 1)
+        return "unreachable"
+
+    with pytest.raises(StaleTokenError):
+        job.delay(5).get()
+    assert decisions == ["acct-5"]
+    assert gate.high_water("acct-5") is not None
