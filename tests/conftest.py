@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "tests.fixtures.services",
+    "tests.fixtures.zookeeper",
 ]
