@@ -9,7 +9,8 @@ signal                     sent with
 =========================  ==========================================================
 ``token_minted``           ``sender`` task, ``task_id``, ``token``, ``mode``
 ``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
-                           ``high_water``, ``error``, ``action`` (retry/ignore/...)
+                           ``high_water``, ``error``, ``action`` (retry/ignore/...),
+                           ``phase`` (mint, claim or body)
 ``result_dropped``         ``sender`` backend, ``task_id``, ``state``, ``token``,
                            ``high_water``, ``reason``
 ``session_state_changed``  ``sender`` token source, ``state`` (CONNECTED,
@@ -26,7 +27,7 @@ __all__ = ["fencing_rejected", "result_dropped", "session_state_changed", "token
 token_minted = Signal(name="token_minted", providing_args={"task_id", "token", "mode"})
 fencing_rejected = Signal(
     name="fencing_rejected",
-    providing_args={"task_id", "resource", "token", "high_water", "error", "action"},
+    providing_args={"task_id", "resource", "token", "high_water", "error", "action", "phase"},
 )
 result_dropped = Signal(name="result_dropped", providing_args={"task_id", "state", "token", "high_water", "reason"})
 session_state_changed = Signal(name="session_state_changed", providing_args={"state", "task_ids"})

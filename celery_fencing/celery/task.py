@@ -207,7 +207,7 @@ class FencedTask(Task):  # type: ignore[misc]
             else:
                 token = source.mint(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
-            self._fenced_out(exc, resource, resource_is_task_id, settings, unavailable=True)
+            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
         execution = Execution(token, task_id=request.id, abort_on_session_loss=settings.abort_on_session_loss)
         request.fencing_token = token
         request.fencing_execution = execution
@@ -221,7 +221,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 claim_result(request.id, token)
         except _FENCED_OUT as exc:
             self._release_lease()
-            self._fenced_out(exc, resource, resource_is_task_id, settings)
+            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
         except BaseException:
             self._release_lease()
             raise
@@ -238,7 +238,11 @@ class FencedTask(Task):  # type: ignore[misc]
                 return super().__call__(*args, **kwargs)
         except _FENCED_OUT as exc:
             self._fenced_out(
-                exc, execution.token.resource, bool(request.get("fencing_resource_is_task_id")), self._settings()
+                exc,
+                execution.token.resource,
+                bool(request.get("fencing_resource_is_task_id")),
+                self._settings(),
+                phase="body",
             )
         finally:
             self._release_lease()
@@ -259,9 +263,15 @@ class FencedTask(Task):  # type: ignore[misc]
         resource_is_task_id: bool,
         settings: FencingSettings,
         *,
+        phase: str,
         unavailable: bool = False,
     ) -> Any:
-        """Turn a fencing error into the policy's decision. Never returns."""
+        """Turn a fencing error into the policy's decision. Never returns.
+
+        *phase* says where the error came from: ``mint`` (no token could be had),
+        ``claim`` (a newer execution had already started) or ``body`` (a gated
+        write, or a gate call after the session was lost).
+        """
         request = self.request
         state = StaleState(
             error=exc,
@@ -282,9 +292,10 @@ class FencedTask(Task):  # type: ignore[misc]
             current: FencingToken | None = request.get("fencing_token")
             token = current.value if current is not None else None
         logger.warning(
-            "task %s[%s] fenced out on %r (token %s, high-water mark %s): %s -> %s%s",
+            "task %s[%s] fenced out at %s on %r (token %s, high-water mark %s): %s -> %s%s",
             self.name,
             request.id,
+            phase,
             resource,
             token,
             high_water,
@@ -300,6 +311,7 @@ class FencedTask(Task):  # type: ignore[misc]
             high_water=high_water,
             error=exc,
             action=decision.action,
+            phase=phase,
         )
         raise self._apply(decision, exc)
 
