@@ -45,6 +45,7 @@ from .token import MAX_TOKEN_VALUE, FencingToken
 if TYPE_CHECKING:
     from .celery.task import FencedTask, fenced_task
     from .celery.worker import install
+    from .sources.zookeeper import ZooKeeperTokenSource
 
 __all__ = [
     "Decision",
@@ -70,6 +71,7 @@ __all__ = [
     "StaleTokenError",
     "TokenSource",
     "TokenUnavailableError",
+    "ZooKeeperTokenSource",
     "__version__",
     "current_token",
     "fenced_task",
@@ -84,6 +86,7 @@ _LAZY: dict[str, str] = {
     "FencedTask": "celery_fencing.celery.task",
     "fenced_task": "celery_fencing.celery.task",
     "install": "celery_fencing.celery.worker",
+    "ZooKeeperTokenSource": "celery_fencing.sources.zookeeper",
     # "RedisGate": "celery_fencing.gates.redis", and so on: add a driver-backed name
     # here, to __all__, and under TYPE_CHECKING above, together.
 }

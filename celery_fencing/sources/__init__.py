@@ -26,8 +26,9 @@ from ..protocols import TokenSource
 if TYPE_CHECKING:
     from .memory import MemoryTokenSource
     from .sqlite import SQLiteTokenSource
+    from .zookeeper import ZooKeeperTokenSource
 
-__all__ = ["MemoryTokenSource", "SQLiteTokenSource", "token_source_from_url"]
+__all__ = ["MemoryTokenSource", "SQLiteTokenSource", "ZooKeeperTokenSource", "token_source_from_url"]
 
 SCHEMES = ("memory", "sqlite", "zookeeper")
 
@@ -85,7 +86,7 @@ def token_source_from_url(url: str) -> TokenSource:
         return SQLiteTokenSource(path, **seconds)
     if scheme == "zookeeper":
         try:
-            from .zookeeper import ZooKeeperTokenSource  # type: ignore[import-not-found,unused-ignore]
+            from .zookeeper import ZooKeeperTokenSource
         except ImportError as exc:
             raise FencingConfigurationError(
                 f"zookeeper:// needs kazoo: pip install 'celery-fencing[zookeeper]' ({exc})"
@@ -107,4 +108,8 @@ def __getattr__(name: str) -> object:
         from .sqlite import SQLiteTokenSource
 
         return SQLiteTokenSource
+    if name == "ZooKeeperTokenSource":
+        from .zookeeper import ZooKeeperTokenSource
+
+        return ZooKeeperTokenSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,954 @@
+"""ZooKeeper, the production grantor: a token is the zxid of one ZooKeeper write.
+
+Minting is one ``setData`` on a per-resource znode, ``<root>/tokens/<name>``;
+the token is the write's ``mzxid``. A zxid is 64-bit (leader epoch in the high
+32 bits, a counter in the low 32) and is assigned through ZooKeeper's
+replicated log, so it grows across leader failover, server restart, and even
+deletion and re-creation of the znode. Sequence-node suffixes (signed 32-bit,
+wrapping, compared as strings by some clients) and znode ``version`` (reset on
+re-creation) are deliberately not used. Tokens are only as durable as
+ZooKeeper's data directory: an ensemble that loses it restarts zxids from zero,
+below every mark the gates hold, and every writer is then refused.
+
+Exclusive mode
+--------------
+``with source.lease(resource) as lease:`` holds a ZooKeeper lock (ephemeral
+sequential znodes under ``<root>/locks/<name>``) and mints with a multi-op
+``[check(own lock node), setData(token node)]``, so a holder whose lock node is
+gone (session expired, node deleted) can never mint. The lock is for
+efficiency; the token stays the safety: a holder that is paused and loses its
+lock still carries a token lower than its successor's, and the gates refuse it.
+
+Error handling
+--------------
+No call can hang: every ZooKeeper request is sent with ``*_async`` and awaited
+with ``.get(timeout=...)``, and kazoo's retry helpers (which retry forever by
+default) are not used. Everything that prevents minting raises
+:class:`~celery_fencing.TokenUnavailableError` with the driver's error chained.
+
+* ``SUSPENDED`` (connection lost, session possibly alive): kazoo would queue a
+  request made now and send it after reconnecting, perhaps on a new session.
+  ``mint`` therefore checks the state right before sending, and while suspended
+  it waits (within its timeout) for the connection to come back, sending
+  nothing; when the timeout passes it raises. Every held lease is marked lost
+  at once: while suspended, the lock may already belong to someone else.
+* ``LOST`` (session expired): the same for ``mint``; kazoo opens a new session
+  in the background and minting resumes on it. Lock nodes of the old session
+  are gone, so leases are lost for good.
+* A request already sent when the connection drops may still execute on the
+  server; its reply is discarded and the caller got ``TokenUnavailableError``,
+  so no token escapes. It only advances the zxid, which tokens tolerate.
+
+Threads and processes
+---------------------
+A source is thread-safe: one KazooClient serves every thread. A KazooClient
+must never cross ``fork()`` (its threads do not survive, its socket would be
+shared with the parent). A source that built its own client rebuilds it,
+lazily, in the child after a fork (the parent's session is left untouched:
+never stopped from the child); leases do not cross fork and are lost in the
+child. A source given a caller's client refuses to work in a forked child with
+:class:`~celery_fencing.FencingConfigurationError`: create the client in the
+child (Celery's ``worker_process_init``).
+
+The client a source builds itself is connected lazily, on the first ``mint``,
+``lease`` or ``connect`` call, and then reconnects in the background for as long
+as the source is open. A caller's client is never started or stopped by the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError
+from kazoo.protocol.states import EventType, KazooState, ZnodeStat
+from kazoo.retry import KazooRetry
+
+from ..exceptions import (
+    FencingConfigurationError,
+    InvalidTokenError,
+    LeaseLostError,
+    TokenUnavailableError,
+)
+from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_resource, validate_token_value
+
+__all__ = [
+    "MAX_ZNODE_NAME_LENGTH",
+    "Lease",
+    "ZooKeeperTokenSource",
+    "resource_to_znode_name",
+    "znode_name_to_resource",
+]
+
+log = logging.getLogger(__name__)
+
+#: Longest znode name a resource maps to: every character percent-encoded as
+#: up to 4 UTF-8 bytes of 3 characters each. Far below ZooKeeper's 1 MB packet limit.
+MAX_ZNODE_NAME_LENGTH = 12 * MAX_RESOURCE_LENGTH
+
+# Besides letters, digits and "_.-~" (always kept by quote): readable separators
+# that are plain characters in a znode name.
+_KEPT = ":@+=,!"
+# "." and ".." are not valid path components, and "zookeeper" is reserved at the
+# top level; our names never sit at the top, but refusing it everywhere is simpler.
+_RESERVED = frozenset({".", "..", "zookeeper"})
+_LEASE_MARKER = "-lease-"
+_DEFAULT_PORT = 2181
+_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
+
+
+def resource_to_znode_name(resource: str) -> str:
+    """Map a resource name to a single, valid znode name, reversibly.
+
+    Percent-encodes ``/``, ``%``, spaces, every non-ASCII character (as UTF-8)
+    and everything else outside a small safe set; ``.``, ``..`` and
+    ``zookeeper`` get their first character encoded. The result is at most
+    :data:`MAX_ZNODE_NAME_LENGTH` characters.
+
+    :raises InvalidTokenError: *resource* is not a valid resource name.
+    """
+    name = quote(validate_resource(resource), safe=_KEPT)
+    if name in _RESERVED:
+        name = f"%{ord(name[0]):02X}{name[1:]}"
+    return name
+
+
+def znode_name_to_resource(name: str) -> str:
+    """Invert :func:`resource_to_znode_name`.
+
+    :raises InvalidTokenError: *name* is not a name that function produces.
+    """
+    try:
+        resource = unquote(name, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise InvalidTokenError(f"znode name {name!r:.80} is not a percent-encoded resource: {exc}") from exc
+    if resource_to_znode_name(resource) != name:
+        raise InvalidTokenError(f"znode name {name!r:.80} is not in the canonical encoding of a resource")
+    return resource
+
+
+def _validate_root(root: object) -> str:
+    if not isinstance(root, str) or not root.startswith("/"):
+        raise FencingConfigurationError(f"ZooKeeper root must be an absolute znode path like '/fencing', got {root!r}")
+    stripped = root.rstrip("/")
+    parts = stripped.split("/")[1:]
+    if not parts:
+        raise FencingConfigurationError("ZooKeeper root must name a znode below '/', e.g. '/fencing'")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise FencingConfigurationError(f"ZooKeeper root {root!r} has an empty, '.' or '..' component")
+        for char in part:
+            code = ord(char)
+            if code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xF900 or code >= 0xFFF0:
+                raise FencingConfigurationError(f"ZooKeeper root {root!r} contains the invalid character {char!r}")
+    if parts[0] == "zookeeper":
+        raise FencingConfigurationError(f"ZooKeeper root {root!r} is inside /zookeeper, which ZooKeeper reserves")
+    return stripped
+
+
+def _validate_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise FencingConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _validate_hosts(hosts: object, url: str | None = None) -> str:
+    where = f" in {url!r}" if url is not None else ""
+    if not isinstance(hosts, str) or not hosts.strip():
+        raise FencingConfigurationError(f"ZooKeeper hosts must be 'host:port[,host:port...]'{where}, got {hosts!r}")
+    for item in hosts.split(","):
+        match = _HOST_PORT.match(item.strip())
+        if match is None:
+            raise FencingConfigurationError(f"malformed ZooKeeper host {item!r}{where}: expected host:port")
+        port = match.group("port")
+        if port is not None and not 0 < int(port) < 65536:
+            raise FencingConfigurationError(f"ZooKeeper port {port} out of range{where}")
+    return hosts
+
+
+def _lease_sequence(name: str) -> int | None:
+    head, marker, digits = name.rpartition(_LEASE_MARKER)
+    if not marker or not head:
+        return None
+    try:
+        return int(digits)
+    except ValueError:
+        return None
+
+
+# Sources that build their own client, reset in a forked child before any of its threads run.
+_instances: weakref.WeakSet[ZooKeeperTokenSource] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for source in list(_instances):
+        source._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Lease:
+    """An exclusive hold on a resource, and the token minted under it.
+
+    Obtained from :meth:`ZooKeeperTokenSource.lease`. ``token`` was minted by a
+    multi-op that checked this holder's lock node in the same transaction.
+
+    The lease is *lost* when the ZooKeeper session is suspended or lost, when
+    the lock node disappears, or when the source closes; ``lost`` then stays
+    true, and callbacks registered with :meth:`on_lost` run once, each in a
+    short-lived thread of its own (never on kazoo's threads). A lost holder
+    should stop: its token still guards the data, but a successor may already
+    hold a larger one.
+
+    Thread-safe. A lease does not cross ``fork()``: in the child it is lost.
+    """
+
+    def __init__(self, source: ZooKeeperTokenSource, resource: str, lock_path: str) -> None:
+        self.resource = resource
+        #: The holder's lock znode, ``<root>/locks/<name>/<uuid>-lease-<sequence>``.
+        self.lock_path = lock_path
+        self._source = source
+        self._token: FencingToken | None = None
+        self._lost = threading.Event()
+        self._lost_reason: str | None = None
+        self._released = False
+        self._callbacks: list[Callable[[Lease], object]] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @property
+    def token(self) -> FencingToken:
+        """The token minted when the lease was taken (or by the last :meth:`mint`)."""
+        if self._token is None:
+            raise LeaseLostError("this lease holds no token yet", resource=self.resource)
+        return self._token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost. A released lease is not lost."""
+        return self._lost.is_set()
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (``None`` while it is held)."""
+        return self._lost_reason
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the lease is lost or *timeout* seconds pass; return ``lost``."""
+        return self._lost.wait(timeout)
+
+    def on_lost(self, callback: Callable[[Lease], object]) -> None:
+        """Call ``callback(lease)`` once when the lease is lost (at once if it already is).
+
+        The callback runs in a thread of its own; its exceptions are logged.
+        Callbacks are dropped when the lease is released without being lost.
+        """
+        with self._lock:
+            if not self._lost.is_set():
+                self._callbacks.append(callback)
+                return
+        self._run_callbacks([callback])
+
+    def check(self) -> None:
+        """Return if the lease is still held, else raise.
+
+        :raises LeaseLostError: the lease was lost or released, or this is a forked child.
+        """
+        if self._pid != os.getpid():
+            raise LeaseLostError(f"lease on {self.resource!r} was taken in another process", resource=self.resource)
+        if self._lost.is_set():
+            raise LeaseLostError(f"lease on {self.resource!r} was lost: {self._lost_reason}", resource=self.resource)
+        if self._released:
+            raise LeaseLostError(f"lease on {self.resource!r} was released", resource=self.resource)
+
+    def mint(self, *, timeout: float | None = None) -> FencingToken:
+        """Mint a new, larger token under the lock, with the same multi-op check.
+
+        :raises LeaseLostError: the lease is lost, or ZooKeeper found the lock node gone.
+        :raises TokenUnavailableError: ZooKeeper did not answer within *timeout*.
+        """
+        self.check()
+        token = self._source._mint_for_lease(self, timeout)
+        self._token = token
+        return token
+
+    # Internal -----------------------------------------------------------------
+
+    def _mark_lost(self, reason: str, *, notify: bool = True) -> None:
+        with self._lock:
+            if self._lost.is_set() or self._released:
+                return
+            self._lost_reason = reason
+            self._lost.set()
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning("fencing lease on %r lost: %s", self.resource, reason)
+        if notify and callbacks:
+            self._run_callbacks(callbacks)
+
+    def _mark_released(self) -> None:
+        with self._lock:
+            self._released = True
+            self._callbacks = []
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        # The parent's callbacks belong to the parent's threads: do not run them here.
+        self._callbacks = []
+        self._lost_reason = self._lost_reason or "the process forked"
+        self._lost.set()
+
+    def _run_callbacks(self, callbacks: list[Callable[[Lease], object]]) -> None:
+        def run() -> None:
+            for callback in callbacks:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("fencing lease on_lost callback %r failed", callback)
+
+        threading.Thread(target=run, name=f"fencing-lease-lost:{self.resource}", daemon=True).start()
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self._released else "held"
+        return f"<Lease {self.resource!r} {self._token!r} {state}>"
+
+
+class ZooKeeperTokenSource:
+    """Mints fencing tokens as zxids of writes to a ZooKeeper ensemble.
+
+    :param hosts: ``"host1:2181,host2:2181"``; the source builds, owns and
+        eventually stops its own KazooClient (connected on first use).
+    :param root: the znode under which tokens and locks live.
+    :param client: a caller's KazooClient instead of *hosts*; the caller
+        starts and stops it (the source never does). It must use kazoo's
+        threading handler.
+    :param timeout: default bound, in seconds, on ``mint``, ``connect`` and
+        ``lease`` (each request and any wait for a connection or a lock).
+    :param session_timeout: the ZooKeeper session timeout asked for by a client
+        the source builds. A session that loses contact for this long expires
+        and its locks go to the next holder.
+    :raises FencingConfigurationError: for bad arguments.
+    """
+
+    volatile = False
+
+    def __init__(
+        self,
+        hosts: str | None = None,
+        *,
+        root: str = "/fencing",
+        client: KazooClient | None = None,
+        timeout: float = 5.0,
+        session_timeout: float = 10.0,
+    ) -> None:
+        if (hosts is None) == (client is None):
+            raise FencingConfigurationError("ZooKeeperTokenSource needs exactly one of hosts= or client=")
+        self.hosts = _validate_hosts(hosts) if hosts is not None else None
+        self.root = _validate_root(root)
+        self.timeout = _validate_seconds("timeout", timeout)
+        self.session_timeout = _validate_seconds("session_timeout", session_timeout)
+        self._owns_client = client is None
+        self._client: Any = client
+        self._pid = os.getpid()
+        self._forked_client = False
+        self._closed = False
+        self._connected = threading.Event()
+        self._state = "NOT_STARTED"
+        # Guards _client creation, _leases, _waiters and _orphans; never held across a ZooKeeper call.
+        self._lock = threading.Lock()
+        self._leases: set[Lease] = set()
+        self._waiters: set[threading.Event] = set()
+        # (lock directory, lock-node prefix) of lock nodes this session may have left
+        # behind when a create or delete did not complete in time.
+        self._orphans: set[tuple[str, str]] = set()
+        self._listener: Callable[[str], None] | None = None
+        if client is not None:
+            self._attach(client)
+        _instances.add(self)
+
+    @classmethod
+    def from_url(cls, url: str) -> ZooKeeperTokenSource:
+        """Build a source from ``zookeeper://h1:2181,h2:2181/root?timeout=5&session_timeout=10``.
+
+        The path is the root znode (default ``/fencing``).
+
+        :raises FencingConfigurationError: naming what is wrong with *url*.
+        """
+        from . import _parse_seconds
+
+        if not isinstance(url, str):
+            raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "zookeeper":
+            raise FencingConfigurationError(f"not a zookeeper:// URL: {url!r}")
+        if "@" in parts.netloc:
+            raise FencingConfigurationError(f"credentials in the ZooKeeper URL are not supported: {url!r}")
+        if not parts.netloc:
+            raise FencingConfigurationError(f"zookeeper:// URL {url!r} names no host")
+        if parts.fragment:
+            raise FencingConfigurationError(f"zookeeper:// URL {url!r} must not have a #fragment")
+        hosts = _validate_hosts(parts.netloc, url)
+        path = unquote(parts.path)
+        root = path if path not in ("", "/") else "/fencing"
+        try:
+            params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+        except ValueError as exc:
+            raise FencingConfigurationError(f"malformed query string in ZooKeeper URL {url!r}: {exc}") from exc
+        unknown = sorted(set(params) - {"timeout", "session_timeout"})
+        if unknown:
+            raise FencingConfigurationError(
+                f"unknown parameter(s) {', '.join(unknown)} in {url!r}; zookeeper:// accepts session_timeout, timeout"
+            )
+        seconds = {name: _parse_seconds(url, name, raw) for name, raw in params.items()}
+        try:
+            root = _validate_root(root)
+        except FencingConfigurationError as exc:
+            raise FencingConfigurationError(f"{exc} (in {url!r})") from None
+        return cls(hosts, root=root, **seconds)
+
+    # Public API ----------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """The last connection state seen: CONNECTED, SUSPENDED, LOST, NOT_STARTED or CLOSED."""
+        return "CLOSED" if self._closed else self._state
+
+    def connect(self, *, timeout: float | None = None) -> None:
+        """Connect now (instead of on first use) and wait until the session is up.
+
+        :raises TokenUnavailableError: not connected within *timeout* (the
+            client keeps trying in the background).
+        """
+        deadline = self._deadline(timeout)
+        self._await_connected(self._usable_client(None), deadline, None)
+
+    def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """Mint a token for *resource*: the zxid of one write to its znode.
+
+        Thread-safe; returns within *timeout* seconds (default: the
+        constructor's) or raises.
+
+        :raises InvalidTokenError: *resource* is not a valid resource name (nothing is sent).
+        :raises TokenUnavailableError: not connected, session suspended or
+            lost, ZooKeeper did not answer in time, the source is closed.
+        :raises FencingConfigurationError: a caller's client crossed ``fork()``.
+        """
+        validate_resource(resource)
+        deadline = self._deadline(timeout)
+        client = self._usable_client(resource)
+        path = self._token_path(resource)
+        try:
+            stat = self._request(
+                client, lambda: client.set_async(path, b""), deadline, resource, "setData", NoNodeError
+            )
+        except NoNodeError:
+            # The first token of a resource (or its znode was deleted): create, then write.
+            self._create_path(client, path, deadline, resource)
+            stat = self._request(client, lambda: client.set_async(path, b""), deadline, resource, "setData")
+        return self._token_from(resource, stat)
+
+    @contextlib.contextmanager
+    def lease(self, resource: str, *, timeout: float | None = None) -> Iterator[Lease]:
+        """Hold the resource's ZooKeeper lock, with a token minted under it.
+
+        ::
+
+            with source.lease("account:42", timeout=10) as lease:
+                gate.claim(lease.token)
+                ...
+                lease.check()       # raises LeaseLostError once lost
+
+        Waiting for the lock, taking it and minting take at most *timeout*
+        seconds together (default: the constructor's). Leaving the block
+        releases the lock; it never raises because the lease was lost.
+
+        :raises TokenUnavailableError: the lock was not obtained within
+            *timeout*, or ZooKeeper is unreachable; no lock is left behind.
+        """
+        validate_resource(resource)
+        deadline = self._deadline(timeout)
+        client = self._usable_client(resource)
+        if self._orphans:
+            # Our own leftover lock node could be ahead of us in the queue.
+            self._clean_orphans(client, deadline)
+        lease = self._acquire(client, resource, deadline)
+        try:
+            yield lease
+        finally:
+            self._release(client, lease)
+
+    def close(self) -> None:
+        """Release held leases and stop the client the source built. Idempotent.
+
+        A caller's client is left running. Bounded: stopping an unresponsive
+        connection is finished in the background after ``timeout`` seconds.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            leases, self._leases = list(self._leases), set()
+            waiters = list(self._waiters)
+            client = self._client if self._pid == os.getpid() else None
+            if self._owns_client:
+                self._client = None
+        for event in waiters:
+            event.set()
+        for lease in leases:
+            lease._mark_lost("the token source was closed")
+            if client is not None and client.connected:
+                # Fire and forget: the next holder need not wait for our session to end.
+                self._delete_lock_node(client, lease.lock_path, wait=False)
+        self._connected.clear()
+        if client is None:
+            return
+        if self._listener is not None:
+            client.remove_listener(self._listener)
+        if self._owns_client:
+            stopper = threading.Thread(target=_stop_client, args=(client,), name="fencing-zk-close", daemon=True)
+            stopper.start()
+            stopper.join(self.timeout)
+
+    def __enter__(self) -> ZooKeeperTokenSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.hosts if self.hosts is not None else "caller's client"
+        return f"<ZooKeeperTokenSource {where}{self.root} {self.state}>"
+
+    # Connection ----------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float:
+        seconds = self.timeout if timeout is None else _validate_seconds("timeout", timeout)
+        return time.monotonic() + seconds
+
+    def _usable_client(self, resource: str | None) -> Any:
+        if self._pid != os.getpid():
+            # Forked through a path that skipped os.register_at_fork (C-level fork()).
+            self._after_fork()
+        if self._closed:
+            raise TokenUnavailableError("ZooKeeperTokenSource is closed", resource=resource)
+        if self._forked_client:
+            raise FencingConfigurationError(
+                "the KazooClient given to ZooKeeperTokenSource was created before fork(); a kazoo client "
+                "must not cross fork(): build the client (and the source) in the child process, "
+                "e.g. in Celery's worker_process_init"
+            )
+        client = self._client
+        if client is None:
+            built = None
+            with self._lock:
+                if self._closed:
+                    raise TokenUnavailableError("ZooKeeperTokenSource is closed", resource=resource)
+                if self._client is None:
+                    # Assigned before it starts, so the listener accepts its first CONNECTED.
+                    self._client = built = self._build_client()
+                client = self._client
+            if built is not None:
+                # Outside the lock (the listener takes it). start_async does not wait:
+                # callers wait for CONNECTED within their own timeouts.
+                built.start_async()
+        return client
+
+    def _build_client(self) -> Any:
+        client = KazooClient(
+            hosts=self.hosts,
+            timeout=self.session_timeout,
+            # Reconnect forever, but at least once a second: kazoo's default backoff
+            # grows to an hour, leaving a source offline long after ZooKeeper is back.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, ignore_expire=True),
+        )
+        self._attach(client)
+        return client
+
+    def _attach(self, client: Any) -> None:
+        listener = functools.partial(self._on_state, client)
+        self._listener = listener
+        client.add_listener(listener)
+        if client.connected and client.state == KazooState.CONNECTED:
+            self._state = "CONNECTED"
+            self._connected.set()
+        elif not self._owns_client:
+            self._state = str(client.state)
+
+    def _on_state(self, client: Any, state: str) -> None:
+        # Called on kazoo's connection thread: record, wake waiters, never block or call ZooKeeper.
+        if client is not self._client:
+            return  # a client this source has let go of (closed, or the parent's after fork)
+        self._state = str(state)
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+            if self._orphans:
+                threading.Thread(
+                    target=self._clean_orphans, args=(client,), name="fencing-zk-cleanup", daemon=True
+                ).start()
+            return
+        self._connected.clear()
+        with self._lock:
+            leases = list(self._leases)
+            waiters = list(self._waiters)
+            if state == KazooState.LOST:
+                # An expired session's ephemeral nodes are gone with it.
+                self._orphans.clear()
+        for lease in leases:
+            lease._mark_lost(f"ZooKeeper session {state}")
+        for event in waiters:
+            event.set()
+
+    def _await_connected(self, client: Any, deadline: float, resource: str | None) -> None:
+        remaining = deadline - time.monotonic()
+        if not self._connected.wait(max(0.0, remaining)):
+            raise TokenUnavailableError(
+                f"no ZooKeeper session ({self.state}) with {self._where()} within the timeout; nothing was sent",
+                resource=resource,
+            )
+
+    def _require_connected(self, client: Any, resource: str | None) -> None:
+        # The last look before a request is queued: kazoo would hold a request made
+        # while SUSPENDED and send it after reconnecting, perhaps on a new session.
+        if self._closed:
+            raise TokenUnavailableError("ZooKeeperTokenSource is closed", resource=resource)
+        if not (client.connected and client.state == KazooState.CONNECTED):
+            raise TokenUnavailableError(
+                f"ZooKeeper session is {client.state} ({self._where()}); refusing to send", resource=resource
+            )
+
+    def _where(self) -> str:
+        return self.hosts if self.hosts is not None else "the caller's client"
+
+    def _after_fork(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._waiters = set()
+        self._orphans = set()
+        leases, self._leases = self._leases, set()
+        for lease in leases:
+            lease._after_fork()
+        if self._owns_client:
+            # The parent's client: its threads did not survive the fork and its session
+            # is the parent's. Drop it without stopping it; a new one is built on use.
+            self._client = None
+            self._listener = None
+            self._state = "NOT_STARTED"
+        else:
+            self._forked_client = True
+
+    # Requests ------------------------------------------------------------------
+
+    def _request(
+        self,
+        client: Any,
+        send: Callable[[], Any],
+        deadline: float,
+        resource: str | None,
+        what: str,
+        *expected: type[BaseException],
+    ) -> Any:
+        """Send one request (after a state check) and wait for it until *deadline*.
+
+        Exceptions of the *expected* types propagate; every other failure becomes
+        TokenUnavailableError with the driver's error chained.
+        """
+        self._await_connected(client, deadline, resource)
+        self._require_connected(client, resource)
+        async_result = send()
+        remaining = deadline - time.monotonic()
+        try:
+            return async_result.get(timeout=max(0.001, remaining))
+        except expected:
+            raise
+        except Exception as exc:
+            if isinstance(exc, client.handler.timeout_exception):
+                message = f"ZooKeeper did not answer {what} within the timeout ({self._where()})"
+            else:
+                message = f"ZooKeeper {what} failed ({self._where()}): {type(exc).__name__}: {exc}"
+            raise TokenUnavailableError(message, resource=resource) from exc
+
+    def _create_path(self, client: Any, path: str, deadline: float, resource: str) -> None:
+        with contextlib.suppress(NodeExistsError):
+            self._request(
+                client,
+                lambda: client.create_async(path, b"", makepath=True),
+                deadline,
+                resource,
+                "create",
+                NodeExistsError,
+            )
+
+    def _token_from(self, resource: str, stat: Any) -> FencingToken:
+        if not isinstance(stat, ZnodeStat):
+            raise TokenUnavailableError(f"ZooKeeper returned {stat!r} instead of a ZnodeStat", resource=resource)
+        try:
+            return FencingToken(resource, validate_token_value(stat.mzxid))
+        except InvalidTokenError as exc:
+            raise TokenUnavailableError(f"ZooKeeper returned an unusable zxid: {exc}", resource=resource) from exc
+
+    def _token_path(self, resource: str) -> str:
+        return f"{self.root}/tokens/{resource_to_znode_name(resource)}"
+
+    def _lock_dir(self, resource: str) -> str:
+        return f"{self.root}/locks/{resource_to_znode_name(resource)}"
+
+    # Exclusive mode ------------------------------------------------------------
+
+    def _acquire(self, client: Any, resource: str, deadline: float) -> Lease:
+        lock_dir = self._lock_dir(resource)
+        # A unique prefix finds our node again if a create's reply is lost, and keeps
+        # lock paths unique even if the lock directory is deleted and re-created.
+        prefix = f"{uuid.uuid4().hex}{_LEASE_MARKER}"
+        holder = f"{socket.gethostname()}:{os.getpid()}".encode()
+        lock_path = self._create_lock_node(client, lock_dir, prefix, holder, deadline, resource)
+        lease = Lease(self, resource, lock_path)
+        wake = threading.Event()
+        with self._lock:
+            self._leases.add(lease)
+            self._waiters.add(wake)
+        try:
+            self._wait_for_turn(client, lease, lock_dir, wake, deadline)
+            # Watch our own node: its deletion means the lease is gone.
+            watch = functools.partial(self._on_lock_node_event, client, lease)
+            if (
+                self._request(client, lambda: client.exists_async(lock_path, watch=watch), deadline, resource, "exists")
+                is None
+            ):
+                lease._mark_lost("the lock node disappeared")
+            if lease.lost:
+                raise TokenUnavailableError(
+                    f"lease on {resource!r} was lost while being taken: {lease.lost_reason}", resource=resource
+                )
+            try:
+                lease._token = self._mint_locked(client, lease, deadline)
+            except LeaseLostError as exc:
+                raise TokenUnavailableError(f"lease on {resource!r} was lost while being taken: {exc}") from exc
+        except BaseException:
+            with self._lock:
+                self._leases.discard(lease)
+                self._waiters.discard(wake)
+            lease._mark_released()
+            # Never wait here: the caller's deadline may be spent. Tracked if it fails.
+            self._delete_lock_node(client, lock_path, wait=False)
+            raise
+        with self._lock:
+            self._waiters.discard(wake)
+        return lease
+
+    def _create_lock_node(
+        self, client: Any, lock_dir: str, prefix: str, holder: bytes, deadline: float, resource: str
+    ) -> str:
+        for attempt in range(2):
+            self._await_connected(client, deadline, resource)
+            self._require_connected(client, resource)
+            async_result = client.create_async(f"{lock_dir}/{prefix}", holder, ephemeral=True, sequence=True)
+            try:
+                path: str = async_result.get(timeout=max(0.001, deadline - time.monotonic()))
+                return path
+            except NoNodeError:
+                if attempt:
+                    raise TokenUnavailableError(
+                        f"cannot create lock directory {lock_dir!r}", resource=resource
+                    ) from None
+                self._create_path(client, lock_dir, deadline, resource)
+            except Exception as exc:
+                # The create may still happen (or have happened, its reply lost): make sure
+                # the node is deleted when it does, or it would block every other holder.
+                self._track_orphan(client, lock_dir, prefix, async_result)
+                if isinstance(exc, client.handler.timeout_exception):
+                    message = f"ZooKeeper did not create the lock node within the timeout ({self._where()})"
+                else:
+                    message = f"creating the lock node failed ({self._where()}): {type(exc).__name__}: {exc}"
+                raise TokenUnavailableError(message, resource=resource) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _wait_for_turn(self, client: Any, lease: Lease, lock_dir: str, wake: threading.Event, deadline: float) -> None:
+        resource = lease.resource
+        own = lease.lock_path.rsplit("/", 1)[1]
+        while True:
+            if lease.lost:
+                raise TokenUnavailableError(
+                    f"lost the lock queue for {resource!r}: {lease.lost_reason}", resource=resource
+                )
+            children = self._request(
+                client, lambda: client.get_children_async(lock_dir), deadline, resource, "getChildren"
+            )
+            queue = sorted((seq, name) for name in children if (seq := _lease_sequence(name)) is not None)
+            names = [name for _, name in queue]
+            if own not in names:
+                raise TokenUnavailableError(
+                    f"our lock node for {resource!r} vanished while waiting (session expired?)", resource=resource
+                )
+            position = names.index(own)
+            if position == 0:
+                return
+            # Watch only the node just ahead of ours: no herd wakes when the holder leaves.
+            ahead = f"{lock_dir}/{names[position - 1]}"
+            wake.clear()
+            stat = self._request(
+                client,
+                functools.partial(client.exists_async, ahead, watch=lambda _event: wake.set()),
+                deadline,
+                resource,
+                "exists",
+            )
+            if stat is None:
+                continue
+            # The state listener sets `wake` too, so a lost connection ends the wait at once.
+            self._require_connected(client, resource)
+            if not wake.wait(max(0.0, deadline - time.monotonic())):
+                raise TokenUnavailableError(
+                    f"the lease on {resource!r} stayed with another holder for the whole timeout", resource=resource
+                )
+
+    def _mint_for_lease(self, lease: Lease, timeout: float | None) -> FencingToken:
+        deadline = self._deadline(timeout)
+        client = self._usable_client(lease.resource)
+        return self._mint_locked(client, lease, deadline)
+
+    def _mint_locked(self, client: Any, lease: Lease, deadline: float) -> FencingToken:
+        """Mint with [check(lock node), setData(token node)]: a holder without its lock cannot mint."""
+        resource = lease.resource
+        token_path = self._token_path(resource)
+        for attempt in range(2):
+
+            def send() -> Any:
+                transaction = client.transaction()
+                transaction.check(lease.lock_path, -1)
+                transaction.set_data(token_path, b"")
+                return transaction.commit_async()
+
+            results = self._request(client, send, deadline, resource, "multi [check, setData]")
+            # A failed transaction does not raise: every entry must be looked at.
+            if (
+                isinstance(results, list)
+                and len(results) == 2
+                and results[0] is True
+                and isinstance(results[1], ZnodeStat)
+            ):
+                return self._token_from(resource, results[1])
+            if isinstance(results, list) and len(results) == 2 and isinstance(results[0], NoNodeError):
+                lease._mark_lost("ZooKeeper found the lock node gone when minting")
+                raise LeaseLostError(
+                    f"lease on {resource!r} is lost: its lock node {lease.lock_path!r} no longer exists",
+                    resource=resource,
+                )
+            if (
+                attempt == 0
+                and isinstance(results, list)
+                and len(results) == 2
+                and isinstance(results[0], RolledBackError)
+                and isinstance(results[1], NoNodeError)
+            ):
+                self._create_path(client, token_path, deadline, resource)
+                continue
+            raise TokenUnavailableError(f"unexpected multi-op result from ZooKeeper: {results!r}", resource=resource)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _on_lock_node_event(self, client: Any, lease: Lease, event: Any) -> None:
+        # Runs on kazoo's callback thread: no blocking, at most an async re-arm.
+        if event.type == EventType.DELETED:
+            lease._mark_lost("the lock node was deleted")
+        elif event.type == EventType.CHANGED and not lease.lost and client.connected:
+            client.exists_async(lease.lock_path, watch=functools.partial(self._on_lock_node_event, client, lease))
+        # EventType.NONE: a connection state change, which the state listener handles.
+
+    def _release(self, client: Any, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+        lease._mark_released()
+        if self._pid != os.getpid() or self._closed:
+            return
+        self._delete_lock_node(client, lease.lock_path, wait=True)
+
+    def _delete_lock_node(self, client: Any, path: str, *, wait: bool) -> None:
+        lock_dir, name = path.rsplit("/", 1)
+        prefix = name[: name.rindex(_LEASE_MARKER) + len(_LEASE_MARKER)]
+        if not (client.connected and client.state == KazooState.CONNECTED):
+            # Not sent while suspended (it could run later on a new session, harmlessly, but
+            # it could also be dropped): remember it; it is retried once reconnected.
+            with self._lock:
+                self._orphans.add((lock_dir, prefix))
+            return
+        async_result = client.delete_async(path)
+        self._track_orphan(client, lock_dir, prefix, async_result, deleting=True)
+        if wait:
+            with contextlib.suppress(Exception):
+                async_result.get(timeout=self.timeout)
+
+    def _track_orphan(
+        self, client: Any, lock_dir: str, prefix: str, async_result: Any, *, deleting: bool = False
+    ) -> None:
+        key = (lock_dir, prefix)
+        with self._lock:
+            self._orphans.add(key)
+
+        def done(result: Any) -> None:
+            # On kazoo's completion thread: no waiting, only async requests.
+            exc = result.exception
+            if deleting:
+                if exc is None or isinstance(exc, NoNodeError):
+                    with self._lock:
+                        self._orphans.discard(key)
+            elif exc is None:
+                # A lock node created after its caller gave up: delete it.
+                follow_up = client.delete_async(result.value)
+                self._track_orphan(client, lock_dir, prefix, follow_up, deleting=True)
+
+        async_result.rawlink(done)
+
+    def _clean_orphans(self, client: Any, deadline: float | None = None) -> None:
+        """Delete lock nodes this session left behind; best effort, bounded by *deadline*."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        with self._lock:
+            orphans = list(self._orphans)
+        for lock_dir, prefix in orphans:
+            try:
+                children = self._request(
+                    client,
+                    functools.partial(client.get_children_async, lock_dir),
+                    deadline,
+                    None,
+                    "getChildren",
+                    NoNodeError,
+                )
+                for name in children:
+                    if name.startswith(prefix):
+                        self._request(
+                            client,
+                            functools.partial(client.delete_async, f"{lock_dir}/{name}"),
+                            deadline,
+                            None,
+                            "delete",
+                            NoNodeError,
+                        )
+            except NoNodeError:
+                pass
+            except (TokenUnavailableError, FencingConfigurationError) as exc:
+                log.info("could not clean up lock nodes under %r yet: %s", lock_dir, exc)
+                continue
+            with self._lock:
+                self._orphans.discard((lock_dir, prefix))
+
+
+def _stop_client(client: Any) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:
+        log.debug("error while stopping the ZooKeeper client", exc_info=True)
