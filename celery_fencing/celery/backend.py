@@ -115,8 +115,19 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             self._scripts = (id(client), client.register_script(WRITE_RESULT), client.register_script(CLAIM_RESULT))
         return self._scripts[1], self._scripts[2]
 
+    def _add_global_keyprefix(self) -> None:
+        # Celery prefixes its own key kinds with result_backend_transport_options'
+        # global_keyprefix; the fence hash must live under the same prefix.
+        super()._add_global_keyprefix()
+        global_keyprefix = self.app.conf.get("result_backend_transport_options", {}).get("global_keyprefix")
+        if global_keyprefix:
+            if global_keyprefix[-1] not in ":_-.":
+                global_keyprefix += "_"
+            self.fence_keyprefix = f"{global_keyprefix}{self.fence_keyprefix}"
+
     def get_key_for_fence(self, task_id: str) -> str:
-        return f"{self.fence_keyprefix}{bytes_to_str(task_id)}"
+        """The fence hash's key: beside the result key, under the same global prefix."""
+        return f"{bytes_to_str(self.fence_keyprefix)}{bytes_to_str(task_id)}"
 
     def _expiry(self, state: str) -> int:
         expires = self.failure_expires if state == states.FAILURE else self.expires
