@@ -1,4 +1,4 @@
-"""Harness fixtures for the embedded sources. ZooKeeper harnesses live beside them."""
+"""Harness fixtures for every kind of token source: embedded (memory, SQLite) and ZooKeeper."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 from .harness import SourceHarness
 
@@ -35,3 +37,48 @@ def sqlite_harness(tmp_path: Path) -> Iterator[SourceHarness]:
     harness.make_unavailable = make_unavailable
     yield harness
     harness.close_all()
+
+
+@pytest.fixture
+def zookeeper_harness(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[SourceHarness]:
+    """The standalone server; restart is stop + start on the same data directory."""
+    harness = SourceHarness("zookeeper", zookeeper_server.url(f"/{unique_name}"))
+
+    def restart() -> None:
+        zookeeper_server.restart()
+
+    def make_unavailable() -> str:
+        # The server the URL names goes away; the next test's fixture starts it again.
+        zookeeper_server.stop()
+        return harness.url
+
+    harness.restart = restart
+    harness.make_unavailable = make_unavailable
+    yield harness
+    harness.close_all()
+
+
+@pytest.fixture
+def zookeeper_ensemble_harness(zookeeper_ensemble: ZooKeeperEnsemble, unique_name: str) -> Iterator[SourceHarness]:
+    """The 3-node ensemble; restart is kill -9 of the current leader, and minting goes on after re-election."""
+    harness = SourceHarness("zookeeper_ensemble", zookeeper_ensemble.url(f"/{unique_name}"))
+
+    def restart() -> None:
+        # The killed node stays down for the rest of the test: two of three keep quorum.
+        zookeeper_ensemble.kill_leader()
+
+    def make_unavailable() -> str:
+        # SIGSTOP every node: TCP connects still succeed but nothing ever answers,
+        # the partition case where a client without timeouts hangs forever.
+        for node in zookeeper_ensemble.nodes:
+            node.pause()
+        return harness.url
+
+    harness.restart = restart
+    harness.make_unavailable = make_unavailable
+    try:
+        yield harness
+    finally:
+        harness.close_all()
+        for node in zookeeper_ensemble.nodes:
+            node.resume()

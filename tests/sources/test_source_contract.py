@@ -17,7 +17,7 @@ from celery_fencing import FencingConfigurationError, FencingToken, TokenUnavail
 
 from .harness import SourceHarness, mint_many
 
-SOURCE_KINDS = ["memory", "sqlite"]
+SOURCE_KINDS = ["memory", "sqlite", "zookeeper", "zookeeper_ensemble"]
 
 
 @pytest.fixture(params=SOURCE_KINDS)

@@ -1,0 +1,557 @@
+"""ZooKeeperTokenSource behaviour beyond the source contract, against real ZooKeeper servers.
+
+Covered here: znode naming, the token being the write's zxid, refusal while
+the session is suspended, client ownership and fork, exclusive leases (waiting,
+hand-over on session expiry, the multi-op that stops a lost holder), and
+minting through a leader failover.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from celery_fencing import (
+    FencingConfigurationError,
+    InvalidTokenError,
+    LeaseLostError,
+    TokenUnavailableError,
+    token_source_from_url,
+)
+from celery_fencing.sources.zookeeper import (
+    MAX_ZNODE_NAME_LENGTH,
+    Lease,
+    ZooKeeperTokenSource,
+    resource_to_znode_name,
+    znode_name_to_resource,
+)
+from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, free_ports
+
+TRICKY = [
+    "a/b/c",
+    "/leading",
+    "trailing/",
+    "100%",
+    "%2F",
+    "with space",
+    "orders/2026:ü",
+    ".",
+    "..",
+    "...",
+    "zookeeper",
+    "Zookeeper",
+    "emoji 😀",
+    "tab-free:@+=,!~_.-",
+    "x" * 200,
+    "😀" * 200,
+]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll *predicate* until it holds; fail naming *what* after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)  # polling interval; the predicate is re-checked
+
+
+@pytest.fixture
+def admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    """A plain kazoo client on the standalone server, to inspect and tamper with znodes."""
+    client = KazooClient(zookeeper_server.hosts)
+    client.start(30)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def make_source(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[Callable[..., ZooKeeperTokenSource]]:
+    """Build sources on the standalone server under this test's root; closed at the end."""
+    made: list[ZooKeeperTokenSource] = []
+
+    def make(**kwargs: object) -> ZooKeeperTokenSource:
+        kwargs.setdefault("root", f"/{unique_name}")
+        if "client" not in kwargs:
+            kwargs.setdefault("hosts", zookeeper_server.hosts)
+        source = ZooKeeperTokenSource(**kwargs)  # type: ignore[arg-type]
+        made.append(source)
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+
+
+# Znode names ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resource", TRICKY, ids=repr)
+def test_znode_name_round_trips_and_is_one_valid_component(resource: str) -> None:
+    """Every resource maps to a single znode name (no '/', not '.', '..' or 'zookeeper') that maps back."""
+    name = resource_to_znode_name(resource)
+    assert "/" not in name
+    assert name not in {".", "..", "zookeeper"}
+    assert name.isascii() and name.isprintable() and " " not in name
+    assert len(name) <= MAX_ZNODE_NAME_LENGTH
+    assert znode_name_to_resource(name) == resource
+
+
+def test_reserved_and_escape_lookalike_names_stay_distinct() -> None:
+    """'.', '..', 'zookeeper' are escaped, and a resource spelled like an escape does not collide."""
+    assert resource_to_znode_name(".") == "%2E"
+    assert resource_to_znode_name("..") == "%2E."
+    assert resource_to_znode_name("zookeeper") == "%7Aookeeper"
+    assert resource_to_znode_name("%2E") == "%252E"
+    names = [resource_to_znode_name(r) for r in TRICKY]
+    assert len(set(names)) == len(TRICKY)
+
+
+@pytest.mark.parametrize("name", ["%zz", "%FF", "a%2fb", "%61", "a/b"])
+def test_non_canonical_znode_names_are_refused(name: str) -> None:
+    """A znode name the mapping would never produce is an InvalidTokenError, not a silent alias."""
+    with pytest.raises(InvalidTokenError):
+        znode_name_to_resource(name)
+
+
+def test_tricky_resources_each_get_their_own_znode(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient, unique_name: str
+) -> None:
+    """Minting for tricky names creates one znode per resource under <root>/tokens, named reversibly."""
+    source = make_source()
+    for resource in TRICKY:
+        assert source.mint(resource).resource == resource
+    children = admin.get_children(f"/{unique_name}/tokens")
+    assert sorted(znode_name_to_resource(child) for child in children) == sorted(TRICKY)
+
+
+# The token is the write's zxid -------------------------------------------------------
+
+
+def test_token_is_the_mzxid_of_the_write(make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient) -> None:
+    """The token is the mzxid ZooKeeper recorded for the write, and each mint is exactly one setData."""
+    source = make_source()
+    for _ in range(3):
+        token = source.mint("acct:1")
+    _, stat = admin.get(f"{source.root}/tokens/acct:1")
+    assert token.value == stat.mzxid
+    assert stat.version == 3  # created empty, then one setData per mint
+
+
+def test_recreated_znode_still_mints_higher(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """Deleting the token znode (and its lock tree) resets its version, yet the next tokens are higher."""
+    source = make_source()
+    before = source.mint("acct:2").value
+    admin.delete(f"{source.root}/tokens/acct:2")
+    after = source.mint("acct:2").value
+    assert after > before
+    admin.delete(f"{source.root}/tokens/acct:2")
+    with source.lease("acct:2") as lease:
+        assert lease.token.value > after
+
+
+# Connection trouble -------------------------------------------------------------------
+
+
+def test_suspended_session_refuses_and_nothing_runs_later(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """While SUSPENDED, mint raises within its timeout and queues nothing that runs once the session resumes."""
+    # A restarted standalone server restores its sessions, so this client resumes the
+    # *same* session: exactly when kazoo would send requests it queued while suspended.
+    client = KazooClient(zookeeper_server.hosts, timeout=10.0)
+    client.start(30)
+    try:
+        source = make_source(client=client)
+        last = source.mint("acct:3").value
+        session_id = client.client_id[0]
+        zookeeper_server.stop()
+        wait_for(lambda: source.state == "SUSPENDED", 15, "the client to notice the server is gone")
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(TokenUnavailableError, match="SUSPENDED"):
+                source.mint("acct:3", timeout=0.5)
+            assert time.monotonic() - started < 2.0
+        zookeeper_server.start()
+        wait_for(lambda: source.state == "CONNECTED", 30, "the session to come back")
+        assert client.client_id[0] == session_id, "the session expired; the test proves nothing"
+        # kazoo sends what it queued, in order, before this sync, and ZooKeeper answers a
+        # session's requests in order: the read below sees any write a refused mint queued.
+        client.sync(f"{source.root}/tokens/acct:3")
+        _, stat = client.get(f"{source.root}/tokens/acct:3")
+        assert stat.mzxid == last, "a refused mint reached ZooKeeper after all"
+        assert source.mint("acct:3").value > last
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_frozen_server_bounds_an_in_flight_mint(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """A server that stops answering mid-session (SIGSTOP) makes mint raise within its timeout, not hang."""
+    source = make_source()
+    source.mint("acct:11")
+    zookeeper_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(TokenUnavailableError):
+            source.mint("acct:11", timeout=1.0)
+        assert time.monotonic() - started < 2.5
+    finally:
+        zookeeper_server.resume()
+    assert source.mint("acct:11", timeout=30).value > 0
+
+
+def test_unreachable_server_bounds_mint_connect_and_lease() -> None:
+    """With nothing listening, mint, connect and lease each raise TokenUnavailableError within their timeout."""
+    (port,) = free_ports(1)
+    source = ZooKeeperTokenSource(f"127.0.0.1:{port}", root="/nowhere")
+    try:
+        for call in (
+            lambda: source.mint("r", timeout=0.5),
+            lambda: source.connect(timeout=0.5),
+            lambda: source.lease("r", timeout=0.5).__enter__(),
+        ):
+            started = time.monotonic()
+            with pytest.raises(TokenUnavailableError):
+                call()
+            assert time.monotonic() - started < 2.0
+    finally:
+        started = time.monotonic()
+        source.close()
+        assert time.monotonic() - started < source.timeout + 1.0
+
+
+def test_closed_source_refuses_and_close_is_idempotent(make_source: Callable[..., ZooKeeperTokenSource]) -> None:
+    """After close(), mint and lease raise TokenUnavailableError; closing twice is harmless."""
+    source = make_source()
+    source.mint("r")
+    source.close()
+    source.close()
+    assert source.state == "CLOSED"
+    with pytest.raises(TokenUnavailableError, match="closed"):
+        source.mint("r")
+    with pytest.raises(TokenUnavailableError, match="closed"), source.lease("r"):
+        pass
+
+
+# Client ownership and fork ------------------------------------------------------------
+
+
+def test_callers_client_is_not_stopped_on_close(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """A source given a caller's KazooClient leaves it connected and usable when it closes."""
+    client = KazooClient(zookeeper_server.hosts)
+    client.start(30)
+    try:
+        source = make_source(client=client)
+        source.mint("r")
+        source.close()
+        assert client.connected
+        assert client.exists(f"{source.root}/tokens/r") is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+def _mint_in_child(source: ZooKeeperTokenSource, results: multiprocessing.Queue[object]) -> None:
+    try:
+        results.put(source.mint("forked", timeout=20).value)
+    except Exception as exc:
+        results.put(exc)
+
+
+def _run_forked(source: ZooKeeperTokenSource) -> object:
+    ctx = multiprocessing.get_context("fork")
+    results: multiprocessing.Queue[object] = ctx.Queue()
+    child = ctx.Process(target=_mint_in_child, args=(source, results))
+    child.start()
+    try:
+        return results.get(timeout=60)
+    finally:
+        child.join(30)
+        if child.is_alive():  # pragma: no cover - only on a hang, which the assertion reports
+            child.kill()
+
+
+def test_own_client_is_rebuilt_in_a_forked_child(make_source: Callable[..., ZooKeeperTokenSource]) -> None:
+    """After fork, a source's own client is replaced in the child, and the parent's session is untouched."""
+    source = make_source()
+    first = source.mint("forked").value
+    in_child = _run_forked(source)
+    assert isinstance(in_child, int) and in_child > first
+    assert source.state == "CONNECTED"
+    assert source.mint("forked").value > in_child
+
+
+def test_callers_client_is_refused_in_a_forked_child(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """A caller's KazooClient that crossed fork is refused with a FencingConfigurationError naming the cause."""
+    client = KazooClient(zookeeper_server.hosts)
+    client.start(30)
+    try:
+        source = make_source(client=client)
+        source.mint("forked")
+        in_child = _run_forked(source)
+        assert isinstance(in_child, FencingConfigurationError)
+        assert "fork" in str(in_child)
+        source.mint("forked")
+    finally:
+        client.stop()
+        client.close()
+
+
+# URLs and arguments -------------------------------------------------------------------
+
+
+def test_url_builds_a_configured_source() -> None:
+    """token_source_from_url reads hosts, root, timeout and session_timeout, and connects only on use."""
+    source = token_source_from_url("zookeeper://h1:2181,[::1]:2182,h3/app/fence?timeout=2.5&session_timeout=8")
+    assert isinstance(source, ZooKeeperTokenSource)
+    assert (source.hosts, source.root, source.timeout, source.session_timeout) == (
+        "h1:2181,[::1]:2182,h3",
+        "/app/fence",
+        2.5,
+        8.0,
+    )
+    assert source.state == "NOT_STARTED"
+    source.close()
+    default = ZooKeeperTokenSource.from_url("zookeeper://h1:2181/")
+    assert default.root == "/fencing"
+    default.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "names"),
+    [
+        ("zookeeper:///root", "names no host"),
+        ("zookeeper://user:pw@h:2181/root", "credentials"),
+        ("zookeeper://h:notaport/root", "malformed ZooKeeper host"),
+        ("zookeeper://h:70000/root", "out of range"),
+        ("zookeeper://h:2181,,h2:2181/root", "malformed ZooKeeper host"),
+        ("zookeeper://h:2181/zookeeper/x", "reserves"),
+        ("zookeeper://h:2181/a//b", "empty, '.' or '..'"),
+        ("zookeeper://h:2181/a/../b", "empty, '.' or '..'"),
+        ("zookeeper://h:2181/r?session_timeout=0", "session_timeout='0'"),
+        ("zookeeper://h:2181/r?chroot=/x", "unknown parameter(s) chroot"),
+        ("zookeeper://h:2181/r#frag", "fragment"),
+    ],
+    ids=repr,
+)
+def test_bad_urls_name_the_problem(url: str, names: str) -> None:
+    """A malformed zookeeper:// URL raises FencingConfigurationError whose message names what is wrong."""
+    with pytest.raises(FencingConfigurationError) as info:
+        token_source_from_url(url)
+    assert names in str(info.value)
+
+
+def test_hosts_xor_client() -> None:
+    """Exactly one of hosts= and client= is required."""
+    with pytest.raises(FencingConfigurationError, match="exactly one"):
+        ZooKeeperTokenSource()
+    with pytest.raises(FencingConfigurationError, match="exactly one"):
+        ZooKeeperTokenSource("h:2181", client=KazooClient("h:2181"))
+
+
+# Exclusive mode -----------------------------------------------------------------------
+
+
+def _lock_children(admin: KazooClient, source: ZooKeeperTokenSource, resource: str) -> list[str]:
+    return list(admin.get_children(f"{source.root}/locks/{resource_to_znode_name(resource)}"))
+
+
+def test_second_holder_waits_bounded_then_gets_a_larger_token(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """A second lease waits for the first, gives up at its timeout leaving no lock node, then gets a larger token."""
+    first_source, second_source = make_source(), make_source()
+    with first_source.lease("acct:4") as first:
+        started = time.monotonic()
+        with pytest.raises(TokenUnavailableError, match="another holder"), second_source.lease("acct:4", timeout=1.0):
+            pass
+        assert 1.0 <= time.monotonic() - started < 3.0
+        assert _lock_children(admin, first_source, "acct:4") == [first.lock_path.rsplit("/", 1)[1]]
+        first.check()
+    with second_source.lease("acct:4", timeout=5) as second:
+        assert second.token > first.token
+    assert _lock_children(admin, first_source, "acct:4") == []
+
+
+def test_expired_session_hands_the_lease_over_and_tells_the_holder(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """Expiring the holder's session hands the lease over with a larger token; the holder's flag and callback fire."""
+    holder_client = KazooClient(zookeeper_server.hosts, timeout=4.0)
+    holder_client.start(30)
+    try:
+        holder = make_source(client=holder_client)
+        waiter = make_source()
+        told = threading.Event()
+        handed: queue.Queue[object] = queue.Queue()
+        proceed = threading.Event()
+
+        def wait_for_lease() -> None:
+            try:
+                with waiter.lease("acct:5", timeout=30) as lease:
+                    handed.put(lease)
+                    proceed.wait(30)
+            except Exception as exc:
+                handed.put(exc)
+
+        with holder.lease("acct:5") as first:
+            first.on_lost(lambda lease: told.set())
+            thread = threading.Thread(target=wait_for_lease)
+            thread.start()
+            # The standard session-expiry trick: a second connection with the same
+            # session id and password takes the session over, then closes it.
+            session_id, password = holder_client.client_id
+            thief = KazooClient(zookeeper_server.hosts, client_id=(session_id, password))
+            thief.start(30)
+            thief.stop()
+            thief.close()
+
+            second = handed.get(timeout=30)
+            assert isinstance(second, Lease), second
+            assert second.token > first.token
+            assert first.wait_lost(10)
+            assert told.wait(10)
+            with pytest.raises(LeaseLostError):
+                first.check()
+            with pytest.raises(LeaseLostError):
+                first.mint()
+            second.check()
+            proceed.set()
+        thread.join(30)
+    finally:
+        holder_client.stop()
+        holder_client.close()
+
+
+def test_holder_without_its_lock_node_cannot_mint_before_it_is_told(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """With the lock node gone but the watch not yet delivered, the multi-op itself refuses to mint."""
+    holder_client = KazooClient(zookeeper_server.hosts)
+    holder_client.start(30)
+    try:
+        source = make_source(client=holder_client)
+        with source.lease("acct:6") as lease:
+            token_path = f"{source.root}/tokens/acct:6"
+            _, before = admin.get(token_path)
+            # Hold kazoo's callback thread (which delivers watches) inside a watch of our own.
+            blocking, release = threading.Event(), threading.Event()
+
+            def block(_event: object) -> None:
+                blocking.set()
+                release.wait(30)
+
+            holder_client.exists(f"{source.root}/blocker", watch=block)
+            admin.create(f"{source.root}/blocker")
+            assert blocking.wait(10)
+            try:
+                admin.delete(lease.lock_path)
+                assert not lease.lost, "the deletion watch should still be queued"
+                with pytest.raises(LeaseLostError, match="no longer exists"):
+                    lease.mint()
+                assert lease.lost
+            finally:
+                release.set()
+            _, after = admin.get(token_path)
+            assert after.mzxid == before.mzxid, "a holder without its lock node minted"
+    finally:
+        holder_client.stop()
+        holder_client.close()
+
+
+def test_deleted_lock_node_marks_the_lease_lost(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """When the holder's lock node is deleted, the watch marks the lease lost and runs its callback."""
+    source = make_source()
+    with source.lease("acct:7") as lease:
+        told = threading.Event()
+        lease.on_lost(lambda _lease: told.set())
+        admin.delete(lease.lock_path)
+        assert lease.wait_lost(10)
+        assert told.wait(10)
+        assert lease.lost_reason is not None and "deleted" in lease.lost_reason
+
+
+def test_suspended_session_marks_the_lease_lost(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """A holder whose connection is suspended is told at once: its lock may already be someone else's."""
+    source = make_source(session_timeout=2.0)
+    with source.lease("acct:8") as lease:
+        zookeeper_server.pause()
+        try:
+            assert lease.wait_lost(15)
+            assert "SUSPENDED" in (lease.lost_reason or "")
+            with pytest.raises(LeaseLostError):
+                lease.check()
+        finally:
+            zookeeper_server.resume()
+
+
+def test_callback_registered_after_loss_still_runs(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """on_lost on an already lost lease calls the callback, once."""
+    source = make_source()
+    with source.lease("acct:9") as lease:
+        admin.delete(lease.lock_path)
+        assert lease.wait_lost(10)
+        calls: queue.Queue[Lease] = queue.Queue()
+        lease.on_lost(calls.put)
+        assert calls.get(timeout=10) is lease
+        assert calls.empty()
+
+
+# Ensemble -----------------------------------------------------------------------------
+
+
+def test_minting_continues_across_a_leader_kill(zookeeper_ensemble: ZooKeeperEnsemble, unique_name: str) -> None:
+    """Minting while the leader is killed -9 goes on after re-election, every value above all earlier ones."""
+    source = ZooKeeperTokenSource(zookeeper_ensemble.hosts, root=f"/{unique_name}", session_timeout=6.0)
+    values: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def mint_forever() -> None:
+        while not stop.is_set():
+            try:
+                values.append(source.mint("acct:10", timeout=10).value)
+            except TokenUnavailableError as exc:  # during the election: allowed, and reported
+                errors.append(exc)
+            except BaseException as exc:  # pragma: no cover - fails the test below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=mint_forever)
+    thread.start()
+    try:
+        wait_for(lambda: len(values) >= 50, 30, "minting to get going")
+        killed_at = len(values)
+        zookeeper_ensemble.kill_leader()
+        wait_for(lambda: len(values) >= killed_at + 50, 60, "minting to resume after the election")
+    finally:
+        stop.set()
+        thread.join(30)
+        source.close()
+    assert all(isinstance(exc, TokenUnavailableError) for exc in errors), errors
+    assert all(b > a for a, b in itertools.pairwise(values))
+    # The new leader's epoch (high 32 bits of the zxid) is above the old one.
+    assert values[-1] >> 32 > values[0] >> 32
