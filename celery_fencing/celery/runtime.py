@@ -17,9 +17,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..context import Execution
 from ..exceptions import FencingConfigurationError
 from ..protocols import Gate, TokenSource
 from ..sources import token_source_from_url
+from . import signals
 from .settings import FencingSettings, read_settings
 
 __all__ = ["FencingRuntime", "runtime_for", "task_option"]
@@ -38,6 +40,7 @@ class FencingRuntime:
         self._owns_source = False
         self._gates: dict[int, Sequence[Gate]] = {}
         self._settings: FencingSettings | None = None
+        self._executions: dict[int, Execution] = {}
 
     @property
     def app(self) -> Any:
@@ -55,6 +58,7 @@ class FencingRuntime:
             self._source = None
             self._owns_source = False
             self._gates.clear()
+            self._executions.clear()
 
     def settings(self) -> FencingSettings:
         """The app's validated settings, read once per process."""
@@ -103,8 +107,46 @@ class FencingRuntime:
                 f"{type(source).__name__} is volatile (it forgets its counter on restart) and cannot protect data; "
                 "use zookeeper:// or sqlite://, or set fencing_allow_volatile_source=True in tests"
             )
+        listen = getattr(source, "add_state_listener", None)
+        if listen is not None:
+            listen(self._on_source_state)
         logger.info("fencing token source ready in process %d: %r", os.getpid(), source)
         return source, owns
+
+    # Executions in progress, told when the grantor session behind their tokens is lost.
+
+    def track(self, execution: Execution) -> None:
+        with self._lock:
+            self._executions[id(execution)] = execution
+
+    def untrack(self, execution: Execution) -> None:
+        with self._lock:
+            self._executions.pop(id(execution), None)
+
+    def _on_source_state(self, state: str) -> None:
+        # Runs on the driver's connection thread: set flags only, never block there.
+        if state not in ("SUSPENDED", "LOST"):
+            return
+        with self._lock:
+            executions = list(self._executions.values())
+        for execution in executions:
+            execution.session_lost.set()
+        task_ids = [execution.task_id for execution in executions]
+        if executions:
+            logger.warning(
+                "ZooKeeper session %s while %d fenced task(s) held tokens: %s; their writes will be refused "
+                "if a newer execution claims the resource",
+                state,
+                len(executions),
+                ", ".join(map(str, task_ids)),
+            )
+        # Signal receivers may block: send from a thread of our own, not the driver's.
+        threading.Thread(
+            target=signals.session_state_changed.send,
+            kwargs={"sender": self._source, "state": state, "task_ids": task_ids},
+            name="fencing-session-signal",
+            daemon=True,
+        ).start()
 
     def gates(self, task: Any) -> Sequence[Gate]:
         """The gates a task claims on, built once per process from ``task.fencing_gates``."""

@@ -211,6 +211,10 @@ class FencedTask(Task):  # type: ignore[misc]
         execution = Execution(token, task_id=request.id, abort_on_session_loss=settings.abort_on_session_loss)
         request.fencing_token = token
         request.fencing_execution = execution
+        runtime.track(execution)
+        if lease is not None:
+            # A lost lease (lock node gone, session lost) means the same as a lost session.
+            request.fencing_lease[1].on_lost(lambda _lease: execution.session_lost.set())
         signals.token_minted.send(sender=self, task_id=request.id, token=token, mode=mode)
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
@@ -220,10 +224,10 @@ class FencedTask(Task):  # type: ignore[misc]
             if claim_result is not None and not request.ignore_result:
                 claim_result(request.id, token)
         except _FENCED_OUT as exc:
-            self._release_lease()
+            self._end(execution)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
         except BaseException:
-            self._release_lease()
+            self._end(execution)
             raise
         return execution
 
@@ -245,9 +249,11 @@ class FencedTask(Task):  # type: ignore[misc]
                 phase="body",
             )
         finally:
-            self._release_lease()
+            self._end(execution)
 
-    def _release_lease(self) -> None:
+    def _end(self, execution: Execution) -> None:
+        """Forget the execution and release its lease, if it holds one."""
+        runtime_for(self.app).untrack(execution)
         held = self.request.get("fencing_lease")
         if held is not None:
             self.request.fencing_lease = None

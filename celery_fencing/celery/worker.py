@@ -91,8 +91,14 @@ def _is_prefork(worker: Any) -> bool:
 
 
 def _open_source(app: Any) -> None:
+    runtime = runtime_for(app)
     try:
-        runtime_for(app).source()
+        source = runtime.source()
+        connect = getattr(source, "connect", None)
+        if connect is not None:
+            # Connect now so a session exists (and its state is watched) before the
+            # first task; stay well inside prefork's 4 s worker_proc_alive_timeout.
+            connect(timeout=min(runtime.settings().timeout, 3.0))
     except FencingError as exc:
         logger.error("fencing token source could not be opened: %s; tasks will retry until it can", exc)
 

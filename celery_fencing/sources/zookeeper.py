@@ -375,6 +375,7 @@ class ZooKeeperTokenSource:
         # behind when a create or delete did not complete in time.
         self._orphans: set[tuple[str, str]] = set()
         self._listener: Callable[[str], None] | None = None
+        self._state_listeners: list[Callable[[str], object]] = []
         if client is not None:
             self._attach(client)
         _instances.add(self)
@@ -425,6 +426,14 @@ class ZooKeeperTokenSource:
     def state(self) -> str:
         """The last connection state seen: CONNECTED, SUSPENDED, LOST, NOT_STARTED or CLOSED."""
         return "CLOSED" if self._closed else self._state
+
+    def add_state_listener(self, callback: Callable[[str], object]) -> None:
+        """Call ``callback(state)`` on every session state change: CONNECTED, SUSPENDED or LOST.
+
+        It runs on kazoo's connection thread: it must return quickly, never
+        block and never call ZooKeeper. Exceptions it raises are logged.
+        """
+        self._state_listeners.append(callback)
 
     def connect(self, *, timeout: float | None = None) -> None:
         """Connect now (instead of on first use) and wait until the session is up.
@@ -592,6 +601,11 @@ class ZooKeeperTokenSource:
         if client is not self._client:
             return  # a client this source has let go of (closed, or the parent's after fork)
         self._state = str(state)
+        for callback in list(self._state_listeners):
+            try:
+                callback(str(state))
+            except Exception:
+                log.exception("fencing ZooKeeper state listener %r failed", callback)
         if state == KazooState.CONNECTED:
             self._connected.set()
             if self._orphans:
