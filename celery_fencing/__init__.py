@@ -45,6 +45,8 @@ from .token import MAX_TOKEN_VALUE, FencingToken
 if TYPE_CHECKING:
     from .celery.task import FencedTask, fenced_task
     from .celery.worker import install
+    from .gates.redis import RedisGate
+    from .gates.sql import SQLGate
     from .sources.zookeeper import ZooKeeperTokenSource
 
 __all__ = [
@@ -63,9 +65,11 @@ __all__ = [
     "MemoryGate",
     "MemoryTokenSource",
     "RaisePolicy",
+    "RedisGate",
     "RejectPolicy",
     "ResourceMismatchError",
     "RetryPolicy",
+    "SQLGate",
     "SQLiteTokenSource",
     "StaleState",
     "StaleTokenError",
@@ -86,6 +90,8 @@ _LAZY: dict[str, str] = {
     "FencedTask": "celery_fencing.celery.task",
     "fenced_task": "celery_fencing.celery.task",
     "install": "celery_fencing.celery.worker",
+    "RedisGate": "celery_fencing.gates.redis",
+    "SQLGate": "celery_fencing.gates.sql",
     "ZooKeeperTokenSource": "celery_fencing.sources.zookeeper",
     # "RedisGate": "celery_fencing.gates.redis", and so on: add a driver-backed name
     # here, to __all__, and under TYPE_CHECKING above, together.

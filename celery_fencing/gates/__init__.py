@@ -9,10 +9,24 @@ Driver-backed gates are imported lazily: naming one imports its driver only then
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .memory import MemoryGate
 
-__all__ = ["MemoryGate"]
+if TYPE_CHECKING:
+    from .redis import RedisGate
+    from .sql import SQLGate
+
+__all__ = ["MemoryGate", "RedisGate", "SQLGate"]
+
+_LAZY = {"RedisGate": ".redis", "SQLGate": ".sql"}
 
 
-def __getattr__(name: str) -> object:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

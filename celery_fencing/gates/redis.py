@@ -1,0 +1,481 @@
+"""A gate in Redis: the high-water mark lives beside the data, checked in the same Lua script.
+
+The story it prevents::
+
+    t=0   A holds token 33 for "account:{42}", reads the balance (100), pauses
+    t=30  B gets token 34, writes 110 through the gate: the mark becomes 34
+    t=41  A resumes and writes 105 with token 33: the script sees 33 < 34 and
+          refuses; nothing changes, and A gets StaleTokenError(high_water=34)
+
+Every write is one Lua script (``EVALSHA``; redis-py reloads it on ``NOSCRIPT``)
+that checks the token and writes the data atomically, so no other command can
+run between the check and the write.
+
+Key layout, for a gate with ``prefix="fencing"``:
+
+==================================  ==============================================
+``fencing:mark:<resource>``         the resource's high-water mark: a 20-digit,
+                                    zero-padded decimal string
+``fencing:owner:<key>``             the resource a data key is bound to, set on
+                                    the key's first gated write, never removed
+``<key>``                           your data, untouched by the gate's naming
+==================================  ==============================================
+
+Marks are compared as equal-width digit strings, never as Lua numbers: Lua
+numbers are doubles, exact only below 2**53 (2**53 + 1 compares equal to
+2**53), and tokens go up to 2**63 - 1.
+
+Redis Cluster: a script may only touch keys of one hash slot. Put one hash tag
+in the resource and in every data key of that resource: with resource
+``"account:{42}"`` and data key ``"account:{42}:balance"``, the mark key
+``fencing:mark:account:{42}`` and the owner key ``fencing:owner:account:{42}:balance``
+hash to the data key's slot. The prefix must therefore contain no braces.
+
+Persistence: the marks are ordinary keys. Without AOF (or RDB snapshots), a
+restart forgets them together with the data in the same Redis, which stays
+coherent; but marks in a Redis without persistence that guard data stored
+elsewhere are unsafe: after a restart the gate accepts a stale token.
+
+Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` (tokens),
+``TypeError`` or ``ValueError`` (keys, values, expiry) before any I/O. Every
+error of redis-py (connection refused, timeout, a command error such as
+``WRONGTYPE``) becomes :class:`~celery_fencing.GateUnavailableError` with the
+redis-py exception chained; the time it takes is bounded by the client's
+``socket_connect_timeout``, ``socket_timeout`` and retry policy, which the gate
+leaves to you. Note that redis-py retries a command whose reply was lost: the
+gated ``set``/``hset``/``delete`` are idempotent for one token, an ``eval`` body
+need not be.
+
+Thread and fork safety: a gate is as safe as its client; redis-py clients are
+thread-safe and reconnect after ``fork()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
+
+from ..context import resolve_token
+from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
+from ..token import FencingToken, validate_resource
+
+__all__ = [
+    "CLAIM_SCRIPT",
+    "DELETE_SCRIPT",
+    "EVAL_SCRIPT_TEMPLATE",
+    "HSET_SCRIPT",
+    "MARK_WIDTH",
+    "SET_SCRIPT",
+    "RedisGate",
+    "decode_mark",
+    "encode_mark",
+    "mark_key",
+    "owner_key",
+]
+
+#: Width of a stored mark: 2**63 - 1 has 19 digits, so 20 leaves room and every
+#: valid token fits. Equal width is what makes string order numeric order.
+MARK_WIDTH = 20
+
+# Lua's string comparison uses strcoll(), and Redis sets LC_COLLATE from its
+# environment; every locale orders the digits 0-9 numerically at the first
+# level, so equal-width digit strings compare as their numbers do.
+
+CLAIM_SCRIPT = """\
+-- Claim: raise the resource's mark to the token unless the mark is above it.
+-- KEYS[1] mark key of the token's resource
+-- ARGV[1] token, a 20-digit zero-padded decimal string
+-- returns 1 when the mark now equals the token;
+--   error reply "FENCED stale <mark>" when the mark is above the token
+local mark = redis.call('GET', KEYS[1])
+if mark then
+  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
+  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
+  if mark == ARGV[1] then return 1 end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+# The fence check shared by the single-key write scripts. It reads the mark and
+# the data key's owner with one MGET (one call less than two GETs, and this runs
+# on every write) and writes nothing, so a refused write changes nothing.
+_CHECK_ONE_KEY = """\
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+local mark, owner = state[1], state[2]
+if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+if mark then
+  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
+  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
+end
+"""
+
+# Runs after the data command succeeded: a data command that fails (WRONGTYPE)
+# aborts the script before this, leaving the mark and owner as they were.
+# Unchanged values are not rewritten, which keeps the steady state to one
+# MGET and one data write.
+_ADVANCE_ONE_KEY = """\
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if not owner then redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+_ONE_KEY_HEADER = """\
+-- KEYS[1] mark key of the token's resource
+-- KEYS[2] owner key of the data key
+-- KEYS[3] data key
+-- ARGV[1] token, a 20-digit zero-padded decimal string
+-- ARGV[2] resource of the token
+"""
+
+_ONE_KEY_RETURNS = """\
+-- returns 1 when written; error replies "FENCED stale <mark>" (token below
+--   the mark) and "FENCED owner <resource>" (the key belongs to another resource)
+"""
+
+SET_SCRIPT = (
+    "-- Gated SET.\n"
+    + _ONE_KEY_HEADER
+    + "-- ARGV[3] value\n-- ARGV[4] optional: expiry in milliseconds\n"
+    + _ONE_KEY_RETURNS
+    + _CHECK_ONE_KEY
+    + """\
+if ARGV[4] then
+  redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+else
+  redis.call('SET', KEYS[3], ARGV[3])
+end
+"""
+    + _ADVANCE_ONE_KEY
+)
+
+HSET_SCRIPT = (
+    "-- Gated HSET.\n"
+    + _ONE_KEY_HEADER
+    + "-- ARGV[3 ..] field, value, field, value, ...\n"
+    + _ONE_KEY_RETURNS
+    + _CHECK_ONE_KEY
+    # unpack() is bounded by Lua's C stack: large mappings go in chunks of 500
+    # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
+    + """\
+for i = 3, #ARGV, 1000 do
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+"""
+    + _ADVANCE_ONE_KEY
+)
+
+DELETE_SCRIPT = (
+    "-- Gated DEL. The key stays bound to its resource.\n"
+    + _ONE_KEY_HEADER
+    + _ONE_KEY_RETURNS
+    + _CHECK_ONE_KEY
+    + "redis.call('DEL', KEYS[3])\n"
+    + _ADVANCE_ONE_KEY
+)
+
+EVAL_SCRIPT_TEMPLATE = """\
+-- Gated EVAL: the caller's Lua body runs only after the fence check passed.
+-- KEYS[1] mark key of the token's resource
+-- KEYS[2 .. n+1] owner keys of the caller's n data keys
+-- KEYS[n+2 .. 2n+1] the caller's data keys (the body sees them as KEYS[1 .. n])
+-- ARGV[1] token, a 20-digit zero-padded decimal string
+-- ARGV[2] resource of the token
+-- ARGV[3 ..] the caller's arguments (the body sees them as ARGV[1 ..])
+-- returns what the body returns; error replies "FENCED stale <mark>" and
+--   "FENCED owner <resource>" when the check fails (the body has not run)
+local n = (#KEYS - 1) / 2
+local owners = {}
+if n > 0 then owners = redis.call('MGET', unpack(KEYS, 2, n + 1)) end
+for i = 1, n do
+  if owners[i] and owners[i] ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owners[i]) end
+end
+local mark = redis.call('GET', KEYS[1])
+if mark then
+  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
+  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
+end
+-- Advance before the body: Redis does not undo the writes of a script that
+-- fails half-way, so the mark must already cover whatever the body writes.
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+for i = 1, n do
+  if not owners[i] then redis.call('SET', KEYS[1 + i], ARGV[2]) end
+end
+local data_keys, data_args = {}, {}
+for i = 1, n do data_keys[i] = KEYS[n + 1 + i] end
+for i = 3, #ARGV do data_args[i - 2] = ARGV[i] end
+local function body(KEYS, ARGV)
+%s
+end
+return body(data_keys, data_args)
+"""
+
+# Bodies are wrapped and hashed once per gate; the cache is bounded so a caller
+# generating bodies cannot grow it without limit.
+_MAX_CACHED_BODIES = 256
+
+
+def mark_key(prefix: str, resource: str) -> str:
+    """Return the name of the key holding *resource*'s mark (``<prefix>:mark:<resource>``)."""
+    return f"{prefix}:mark:{resource}"
+
+
+def owner_key(prefix: str, key: str) -> str:
+    """Return the name of the key recording which resource owns data key *key*."""
+    return f"{prefix}:owner:{key}"
+
+
+def encode_mark(value: int) -> str:
+    """Return *value* as a stored mark: 20 zero-padded decimal digits."""
+    return f"{value:0{MARK_WIDTH}d}"
+
+
+def decode_mark(raw: str | bytes) -> int:
+    """Parse a stored mark.
+
+    :raises GateUnavailableError: the key does not hold a mark written by a gate.
+    """
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if len(text) != MARK_WIDTH or not text.isdigit() or not text.isascii():
+        raise GateUnavailableError(f"mark key holds {text!r:.40}, not a {MARK_WIDTH}-digit mark", gate="RedisGate")
+    return int(text)
+
+
+class RedisGate:
+    """Checks fencing tokens in Redis, with marks and data in the same scripts.
+
+    Semantics (see :class:`~celery_fencing.Gate`): ``claim`` raises the mark
+    to the token unless the mark is above it; every gated write accepts
+    ``token >= mark`` and refuses a lower token, atomically with the write; a
+    refused write changes nothing; a data key is bound to the resource of its
+    first gated write and refuses tokens of any other resource. Reads are not
+    gated: read through the client (or :meth:`get`) after claiming.
+
+    :param client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client,
+        with or without ``decode_responses``.
+    :param prefix: namespace of the gate's own keys (marks and owners). It
+        must contain no ``{`` or ``}``, which would capture the hash tag.
+    :raises FencingConfigurationError: for a bad prefix.
+
+    Token ``None`` means the current token (:func:`~celery_fencing.current_token`).
+    """
+
+    def __init__(self, client: Any, *, prefix: str = "fencing") -> None:
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise FencingConfigurationError(f"RedisGate prefix must be a non-empty str without braces, not {prefix!r}")
+        self.client = client
+        self.prefix = prefix
+        self._mark_prefix = f"{prefix}:mark:"
+        self._owner_prefix = f"{prefix}:owner:"
+        # register_script only hashes the source: no I/O here. The Script objects
+        # run EVALSHA and load the source again after a NOSCRIPT (SCRIPT FLUSH,
+        # a restart, a failover to a replica that never saw the script).
+        # redis.commands.core.Script; typed Any because the installed stubs
+        # (types-redis) lack its ``sha`` and ``script`` attributes.
+        self._claim_script: Any = client.register_script(CLAIM_SCRIPT)
+        self._set_script: Any = client.register_script(SET_SCRIPT)
+        self._hset_script: Any = client.register_script(HSET_SCRIPT)
+        self._delete_script: Any = client.register_script(DELETE_SCRIPT)
+        self._bodies: dict[str, Any] = {}
+
+    # Key names ----------------------------------------------------------------
+
+    def mark_key(self, resource: str) -> str:
+        """Return the name of the key holding *resource*'s mark."""
+        return self._mark_prefix + resource
+
+    def owner_key(self, key: str) -> str:
+        """Return the name of the key recording the resource that owns data key *key*."""
+        return self._owner_prefix + key
+
+    # Gate protocol ------------------------------------------------------------
+
+    def claim(self, token: FencingToken | None = None) -> None:
+        """Raise the mark of ``token.resource`` to ``token.value``.
+
+        :raises StaleTokenError: the mark is above the token (nothing changed).
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        self._run(self._claim_script, checked, [self._mark_prefix + checked.resource], [encode_mark(checked.value)])
+
+    def high_water(self, resource: str) -> int | None:
+        """Return the resource's mark, or ``None`` if it was never claimed or written.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            raw = self.client.get(self._mark_prefix + resource)
+        except RedisError as exc:
+            _unavailable(exc)
+        return None if raw is None else decode_mark(raw)
+
+    # Gated writes -------------------------------------------------------------
+
+    def set(self, token: FencingToken | None, key: str, value: Any, *, ex: float | timedelta | None = None) -> None:
+        """``SET key value [PX ex]`` if the token is not stale, binding *key* to the token's resource.
+
+        :param value: ``bytes``, ``str``, ``int`` or ``float``, as for ``redis.Redis.set``.
+        :param ex: expiry, in seconds or as a ``timedelta`` (milliseconds resolution).
+        :raises StaleTokenError: the token is below the mark (nothing changed).
+        :raises ResourceMismatchError: *key* belongs to another resource (nothing changed).
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        _check_key(key)
+        args = [encode_mark(checked.value), checked.resource, value]
+        if ex is not None:
+            args.append(_expiry_ms(ex))
+        self._run(
+            self._set_script, checked, [self._mark_prefix + checked.resource, self._owner_prefix + key, key], args
+        )
+
+    def hset(self, token: FencingToken | None, key: str, mapping: Mapping[Any, Any]) -> None:
+        """``HSET key field value ...`` for every item of *mapping*, if the token is not stale.
+
+        Raises as :meth:`set` does; also ``ValueError`` for an empty mapping.
+        A key holding another type fails with ``WRONGTYPE`` and changes nothing.
+        """
+        checked = resolve_token(token)
+        _check_key(key)
+        if not isinstance(mapping, Mapping) or not mapping:
+            raise ValueError("hset needs a non-empty mapping")
+        args: list[Any] = [encode_mark(checked.value), checked.resource]
+        for field, value in mapping.items():
+            args.append(field)
+            args.append(value)
+        keys = [self._mark_prefix + checked.resource, self._owner_prefix + key, key]
+        self._run(self._hset_script, checked, keys, args)
+
+    def delete(self, token: FencingToken | None, key: str) -> None:
+        """``DEL key`` if the token is not stale. The key stays bound to its resource.
+
+        Raises as :meth:`set` does.
+        """
+        checked = resolve_token(token)
+        _check_key(key)
+        keys = [self._mark_prefix + checked.resource, self._owner_prefix + key, key]
+        self._run(self._delete_script, checked, keys, [encode_mark(checked.value), checked.resource])
+
+    def eval(
+        self,
+        token: FencingToken | None,
+        script: str,
+        keys: Sequence[str] = (),
+        args: Sequence[Any] = (),
+    ) -> Any:
+        """Run the Lua *script* body if the token is not stale, and return its result.
+
+        The body sees only its own ``KEYS`` (the *keys*) and ``ARGV`` (the
+        *args*), and runs in the same script as the fence check, after it. The
+        check binds every key to the token's resource. The mark and the owners
+        are advanced before the body runs: Redis does not roll back a script
+        that fails half-way, so the mark must cover whatever the body wrote
+        before an error. Write the body without a ``#!lua`` line.
+
+        :raises StaleTokenError: the token is below the mark (the body did not run).
+        :raises ResourceMismatchError: a key belongs to another resource (the body did not run).
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises GateUnavailableError: Redis failed, or the body raised an error
+            (the ``ResponseError`` is chained).
+        """
+        checked = resolve_token(token)
+        if not isinstance(script, str) or not script.strip():
+            raise ValueError("eval needs a non-empty Lua body")
+        key_list = list(keys)
+        for key in key_list:
+            _check_key(key)
+        wrapped = self._bodies.get(script)
+        if wrapped is None:
+            if len(self._bodies) >= _MAX_CACHED_BODIES:
+                self._bodies.clear()
+            wrapped = self._bodies[script] = self.client.register_script(EVAL_SCRIPT_TEMPLATE % script)
+        all_keys = [self._mark_prefix + checked.resource]
+        all_keys.extend(self._owner_prefix + key for key in key_list)
+        all_keys.extend(key_list)
+        return self._run(wrapped, checked, all_keys, [encode_mark(checked.value), checked.resource, *args])
+
+    # Reads --------------------------------------------------------------------
+
+    def get(self, key: str) -> Any:
+        """``GET key`` through the client. Not gated: claim first to fence a read-modify-write.
+
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        _check_key(key)
+        try:
+            return self.client.get(key)
+        except RedisError as exc:
+            _unavailable(exc)
+
+    # Internals ----------------------------------------------------------------
+
+    def _run(self, script: Any, token: FencingToken, keys: list[str], args: list[Any]) -> Any:
+        # What Script.__call__ does, without its per-call tuple copies and
+        # pipeline check: this path is the whole cost of a gated write above
+        # the plain command, so it stays lean.
+        try:
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # The server lost its script cache (SCRIPT FLUSH, restart, failover):
+                # load the source again, once, and retry.
+                script.sha = self.client.script_load(script.script)
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except DataError:
+            # A value redis-py cannot encode: the caller's bug, raised before any I/O.
+            raise
+        except ResponseError as exc:
+            message = str(exc)
+            if message.startswith("FENCED "):
+                _raise_fenced(message, token)
+            _unavailable(exc)
+        except RedisError as exc:
+            _unavailable(exc)
+
+    def __repr__(self) -> str:
+        return f"RedisGate({self.client!r}, prefix={self.prefix!r})"
+
+
+def _raise_fenced(message: str, token: FencingToken) -> NoReturn:
+    _, kind, detail = message.split(" ", 2)
+    if kind == "stale":
+        raise StaleTokenError(resource=token.resource, token=token.value, high_water=decode_mark(detail))
+    if kind == "owner":
+        raise ResourceMismatchError(
+            f"key belongs to resource {detail!r}, not {token.resource!r}",
+            token_resource=token.resource,
+            expected_resource=detail,
+        )
+    raise GateUnavailableError(f"{detail} does not hold a {MARK_WIDTH}-digit mark", gate="RedisGate")
+
+
+def _unavailable(exc: RedisError) -> NoReturn:
+    raise GateUnavailableError(f"Redis gate failed: {type(exc).__name__}: {exc}", gate="RedisGate") from exc
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError("key must not be empty")
+
+
+def _expiry_ms(ex: object) -> int:
+    if isinstance(ex, timedelta):
+        seconds = ex.total_seconds()
+    elif isinstance(ex, (int, float)) and not isinstance(ex, bool):
+        seconds = float(ex)
+    else:
+        raise TypeError(f"ex must be seconds or a timedelta, not {type(ex).__name__}")
+    if not math.isfinite(seconds) or round(seconds * 1000) < 1:
+        raise ValueError(f"ex must be a finite expiry of at least 1 ms, got {ex!r}")
+    return round(seconds * 1000)

@@ -1,0 +1,449 @@
+"""A gate in SQL: a high-water mark table advanced inside the transaction that writes the data.
+
+The story it prevents::
+
+    t=0   A holds token 33 for "account:42": BEGIN, the mark goes to 33, A reads
+          the balance (100), pauses before COMMIT, or dies and is replaced
+    t=30  B gets token 34: BEGIN, the mark goes to 34, B writes 110, COMMIT
+    t=41  A (or A's retry with its old token) opens a new transaction with 33:
+          the upsert refuses it (33 < 34), the transaction rolls back, and A
+          gets StaleTokenError(high_water=34)
+
+Two modes, both on SQLAlchemy Core, on PostgreSQL, MySQL/MariaDB and SQLite:
+
+* **Transaction mode** (:meth:`SQLGate.transaction`, :meth:`SQLGate.guard`):
+  the first statement of the transaction is one conditional upsert of the
+  resource's row in the mark table. It takes the row's lock, which serialises
+  every writer of the resource until COMMIT, so the caller's writes commit
+  atomically with the mark, and a refused token rolls back with them.
+* **Column mode** (:meth:`SQLGate.fenced_update`): for a single-row write on
+  your own table, a ``fence`` column on that row is the mark, checked and
+  advanced by the ``UPDATE`` itself (``... WHERE <where> AND fence <= :t``).
+
+The mark table (``fencing_high_water`` by default; :func:`high_water_table`
+builds it into your own ``MetaData`` for migrations)::
+
+    resource  VARCHAR(200) PRIMARY KEY   (VARBINARY(800) on MySQL/MariaDB)
+    token     BIGINT NOT NULL  CHECK (token >= 1 AND token <= 9223372036854775807)
+
+On MySQL and MariaDB the resource column is binary: their default collations
+ignore case and trailing spaces, which would make ``"Acct"``, ``"acct"`` and
+``"acct "`` share one mark.
+
+The upsert, per dialect (rowcount 0, or a non-zero insert id on MySQL, means stale):
+
+* PostgreSQL, SQLite: ``INSERT ... ON CONFLICT (resource) DO UPDATE SET token =
+  excluded.token WHERE <table>.token <= excluded.token``.
+* MySQL, MariaDB: ``INSERT ... ON DUPLICATE KEY UPDATE token = IF(token <=
+  VALUES(token), VALUES(token), LAST_INSERT_ID(token))``. MySQL's affected-row
+  count cannot tell stale from accepted (with ``CLIENT_FOUND_ROWS``, which
+  SQLAlchemy sets, an insert, an unchanged equal token and a refused token all
+  report 1), so the refusal stores the mark with ``LAST_INSERT_ID(expr)``,
+  which the server returns as the statement's insert id: 0 for an insert or an
+  accepted update (the table has no AUTO_INCREMENT column), the mark when
+  refused. One round trip either way.
+
+Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` before any
+I/O. Failures of the gate's own statements (connection refused, lock timeout,
+deadlock, a missing mark table) raise :class:`~celery_fencing.GateUnavailableError`
+with the SQLAlchemy exception chained; their duration is bounded by the
+driver's timeouts (``connect_timeout``, ``lock_timeout``,
+``innodb_lock_wait_timeout``, SQLite's ``timeout``), set through the engine.
+Exceptions raised by your own statements inside a transaction are not
+wrapped; they roll the transaction back and propagate unchanged.
+
+Thread and fork safety: a gate holds no connection of its own; it is as safe
+as its engine (share one engine between threads; dispose of it after ``fork()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any, NoReturn
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    ColumnElement,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    func,
+    inspect,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from ..context import resolve_token
+from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
+from ..token import MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE, FencingToken, validate_resource
+
+__all__ = ["DEFAULT_TABLE", "SQLGate", "high_water_table"]
+
+DEFAULT_TABLE = "fencing_high_water"
+
+_MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
+_SUPPORTED = frozenset({"postgresql", "sqlite"}) | _MYSQL_FAMILY
+
+# Connection-level failures: the storage could not be reached or gave up
+# (timeouts, deadlocks, serialisation failures are OperationalError too).
+_UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
+
+
+def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: str | None = None) -> Table:
+    """Define the mark table in *metadata* (your application's, for Alembic autogenerate).
+
+    If *metadata* already holds a table of that name, it is returned as is.
+    """
+    key = f"{schema}.{name}" if schema else name
+    existing = metadata.tables.get(key)
+    if existing is not None:
+        return existing
+    # A binary resource on MySQL/MariaDB: their default collations compare
+    # case- and trailing-space-insensitively, which would merge resources.
+    resource_type = String(MAX_RESOURCE_LENGTH).with_variant(
+        mysql.VARBINARY(MAX_RESOURCE_LENGTH * 4), "mysql", "mariadb"
+    )
+    return Table(
+        name,
+        metadata,
+        Column("resource", resource_type, primary_key=True),
+        Column("token", BigInteger, nullable=False),
+        CheckConstraint(f"token >= 1 AND token <= {MAX_TOKEN_VALUE}", name=f"{name[:48]}_token_range"),
+        schema=schema,
+    )
+
+
+class SQLGate:
+    """Checks fencing tokens in a SQL database, in the same transaction as the data writes.
+
+    Semantics (see :class:`~celery_fencing.Gate`): ``claim`` raises the mark
+    to the token unless the mark is above it; a guarded transaction accepts
+    ``token >= mark`` and is refused, and rolled back, for a lower token; a
+    refused or failed transaction leaves neither data nor mark changed.
+
+    Data binding: in transaction mode the data a transaction writes is yours
+    to choose, so bind it to the resource in your schema (one resource per
+    account row, and so on); column mode checks it for you with
+    ``resource_column``.
+
+    :param engine: a SQLAlchemy ``Engine`` for PostgreSQL (psycopg), MySQL or
+        MariaDB (PyMySQL, mysqlclient) or SQLite.
+    :param table: name of the mark table.
+    :param schema: schema of the mark table.
+    :param metadata: ``MetaData`` to define the table in (default: a private one).
+    :raises FencingConfigurationError: for an unsupported database.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        table: str = DEFAULT_TABLE,
+        schema: str | None = None,
+        metadata: MetaData | None = None,
+    ) -> None:
+        dialect = engine.dialect.name
+        if dialect not in _SUPPORTED:
+            raise FencingConfigurationError(f"SQLGate supports PostgreSQL, MySQL, MariaDB and SQLite, not {dialect!r}")
+        self.engine = engine
+        self._dialect = dialect
+        self._mysql = dialect in _MYSQL_FAMILY
+        self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
+        t = self._table
+        # Bound as text on every dialect: on MySQL/MariaDB the server converts
+        # it to the VARBINARY column's bytes (UTF-8 on a utf8mb4 connection).
+        resource = bindparam("resource", type_=String(MAX_RESOURCE_LENGTH))
+        token = bindparam("token", type_=BigInteger())
+        # Built once: SQLAlchemy memoises a statement's cache key, so reusing the
+        # object skips compilation and cache-key generation on every call.
+        self._select_mark = select(t.c.token).where(t.c.resource == resource)
+        if self._mysql:
+            my = mysql.insert(t).values(resource=resource, token=token)
+            self._upsert: Any = my.on_duplicate_key_update(
+                token=func.if_(t.c.token <= my.inserted.token, my.inserted.token, func.last_insert_id(t.c.token))
+            )
+        else:
+            ins = (postgresql.insert(t) if dialect == "postgresql" else sqlite.insert(t)).values(
+                resource=resource, token=token
+            )
+            # preserve_rowcount: SQLAlchemy reports an INSERT's rowcount only when asked.
+            self._upsert = ins.on_conflict_do_update(
+                index_elements=[t.c.resource],
+                set_={"token": ins.excluded.token},
+                where=t.c.token <= ins.excluded.token,
+            ).execution_options(preserve_rowcount=True)
+
+    @property
+    def table(self) -> Table:
+        """The mark table, for ``create_all`` or your migrations."""
+        return self._table
+
+    def create_schema(self) -> None:
+        """Create the mark table if it does not exist. Idempotent, also when run concurrently.
+
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        try:
+            self._table.create(self.engine, checkfirst=True)
+        except sa_exc.SQLAlchemyError as exc:
+            # Another process may have created it between the check and CREATE.
+            try:
+                exists = inspect(self.engine).has_table(self._table.name, schema=self._table.schema)
+            except sa_exc.SQLAlchemyError:
+                exists = False
+            if not exists:
+                _unavailable(exc, "creating the mark table")
+
+    # Gate protocol ------------------------------------------------------------
+
+    def claim(self, token: FencingToken | None = None) -> None:
+        """Raise the mark of ``token.resource`` to ``token.value``, in a transaction of its own.
+
+        :raises StaleTokenError: the mark is above the token (nothing changed).
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        with self.transaction(token):
+            pass
+
+    def high_water(self, resource: str) -> int | None:
+        """Return the resource's committed mark, or ``None`` if it was never claimed.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            with self.engine.connect() as conn:
+                value: int | None = conn.execute(self._select_mark, {"resource": resource}).scalar_one_or_none()
+                return value
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "reading the mark")
+
+    # Transaction mode ---------------------------------------------------------
+
+    def transaction(self, token: FencingToken | None = None) -> AbstractContextManager[Connection]:
+        """A transaction fenced by *token*: ``with gate.transaction(token) as conn: ...``.
+
+        Entering opens a connection and a transaction and advances the mark
+        with one conditional upsert, whose row lock holds off every other
+        writer of the resource until this transaction ends. The block gets the
+        connection for its writes. Leaving normally commits data and mark
+        together; any exception rolls both back and propagates.
+
+        The token is checked when this method is called, before any I/O.
+
+        :raises StaleTokenError: on entering, for a token below the mark (rolled back).
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises GateUnavailableError: the database failed or could not be
+            reached, on entering or at COMMIT.
+        """
+        return _FencedTransaction(self, resolve_token(token))
+
+    def guard(self, connection: Connection, token: FencingToken | None = None) -> None:
+        """Advance the mark inside a transaction the caller already holds on *connection*.
+
+        Call it first in the transaction, before the writes it protects. On
+        ``StaleTokenError`` the transaction must be rolled back, never
+        committed: letting the exception leave ``with engine.begin()`` (or
+        ``session.begin()``) does that. The caller's COMMIT makes the new mark
+        visible; until then, the row lock holds off other writers.
+
+        :raises StaleTokenError: the token is below the mark.
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises FencingConfigurationError: *connection* is not in a
+            transaction, or belongs to another kind of database.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        if not isinstance(connection, Connection):
+            raise TypeError(f"guard() needs a sqlalchemy Connection, not {type(connection).__name__}")
+        if not connection.in_transaction():
+            raise FencingConfigurationError(
+                "guard() needs a connection inside a transaction (engine.begin(), connection.begin(), "
+                "session.connection()): without one the mark would be committed apart from the data"
+            )
+        if connection.dialect.name != self._dialect:
+            raise FencingConfigurationError(
+                f"connection is to {connection.dialect.name!r}, the gate was built for {self._dialect!r}"
+            )
+        self._advance(connection, checked)
+
+    def _advance(self, conn: Connection, token: FencingToken) -> None:
+        params = {"resource": token.resource, "token": token.value}
+        try:
+            result = conn.execute(self._upsert, params)
+            if self._mysql:
+                # LAST_INSERT_ID(token) ran only on refusal: the insert id is the mark.
+                mark: int | None = result.lastrowid or None
+            elif result.rowcount == 0:
+                # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT
+                # locks the conflicting row even when WHERE fails), so this reads
+                # the mark that refused us.
+                mark = conn.execute(self._select_mark, params).scalar_one()
+            else:
+                return
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "advancing the mark")
+        if mark is not None:
+            raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
+
+    # Column mode --------------------------------------------------------------
+
+    def fenced_update(
+        self,
+        connection: Connection,
+        table: Table,
+        token: FencingToken | None,
+        *,
+        where: ColumnElement[bool],
+        values: Mapping[str, Any],
+        fence_column: str = "fence",
+        resource_column: str | None = None,
+    ) -> int:
+        """``UPDATE table SET <values>, fence = :t WHERE <where> AND fence <= :t``, one statement.
+
+        The row's *fence_column* (a nullable or ``NOT NULL`` BIGINT; NULL means
+        never fenced) is its mark: a token below it changes nothing. With
+        *resource_column*, the row must also belong to ``token.resource``
+        (``AND <resource_column> = :resource``), so a token of another
+        resource, however large, cannot write it.
+
+        *where* should select one row (its primary key): each matched row is
+        fenced by its own column. To claim a row before reading it, call this
+        with ``values={}``: it raises the fence alone.
+
+        Column mode does not consult the mark table: ``claim`` and
+        :meth:`transaction` do not fence these rows, and the other way round.
+
+        Counting relies on matched-row counts, which SQLAlchemy's MySQL
+        dialects enable (``CLIENT_FOUND_ROWS``) and the other databases give.
+
+        :returns: the number of rows updated; 0 when no row matches *where*.
+        :raises StaleTokenError: a matching row's fence is above the token
+            (``high_water`` is that fence; nothing changed).
+        :raises ResourceMismatchError: a matching row belongs to another resource.
+        :raises InvalidTokenError: bad token, before any I/O.
+        :raises FencingConfigurationError: no such column, or *values* sets the fence.
+        :raises GateUnavailableError: the connection failed; other database
+            errors (your constraints) propagate unchanged.
+        """
+        checked = resolve_token(token)
+        fence = _column(table, fence_column)
+        if fence_column in values:
+            raise FencingConfigurationError(f"values must not set the fence column {fence_column!r}: the gate sets it")
+        conditions: list[ColumnElement[bool]] = [where, or_(fence.is_(None), fence <= checked.value)]
+        owner = None
+        if resource_column is not None:
+            owner = _column(table, resource_column)
+            conditions.append(owner == checked.resource)
+        stmt = update(table).where(*conditions).values({**values, fence_column: checked.value})
+        try:
+            count = connection.execute(stmt).rowcount
+            if count:
+                return count
+            # Nothing updated: tell "no such row" from "stale" and "another
+            # resource's row". FOR UPDATE reads the latest committed row, not a
+            # REPEATABLE READ snapshot.
+            columns = [fence] if owner is None else [fence, owner]
+            rows = connection.execute(select(*columns).where(where).with_for_update()).all()
+        except sa_exc.SQLAlchemyError as exc:
+            if isinstance(exc, _UNAVAILABLE) or getattr(exc, "connection_invalidated", False):
+                _unavailable(exc, "fenced update")
+            raise
+        if owner is not None:
+            for row in rows:
+                if row[1] != checked.resource:
+                    raise ResourceMismatchError(
+                        f"row belongs to resource {row[1]!r}, not {checked.resource!r}",
+                        token_resource=checked.resource,
+                        expected_resource=row[1],
+                    )
+        fences = [row[0] for row in rows if row[0] is not None and row[0] > checked.value]
+        if fences:
+            raise StaleTokenError(resource=checked.resource, token=checked.value, high_water=max(fences))
+        return 0
+
+    def __repr__(self) -> str:
+        return f"SQLGate({self.engine!r}, table={self._table.name!r})"
+
+
+class _FencedTransaction(AbstractContextManager[Connection]):
+    """The context manager behind :meth:`SQLGate.transaction`. Single use."""
+
+    def __init__(self, gate: SQLGate, token: FencingToken) -> None:
+        self._gate = gate
+        self._token = token
+        self._conn: Connection | None = None
+
+    def __enter__(self) -> Connection:
+        try:
+            conn = self._gate.engine.connect()
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "connecting")
+        self._conn = conn
+        try:
+            conn.begin()
+            self._gate._advance(conn, self._token)
+        except BaseException:
+            self._abort()
+            raise
+        return conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        if exc_type is not None:
+            self._abort()
+            return
+        try:
+            conn.commit()
+        except sa_exc.SQLAlchemyError as commit_error:
+            self._abort()
+            if isinstance(commit_error, _UNAVAILABLE) or getattr(commit_error, "connection_invalidated", False):
+                _unavailable(commit_error, "committing")
+            raise
+        finally:
+            conn.close()
+
+    def _abort(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.rollback()
+        except sa_exc.SQLAlchemyError:
+            # The connection is gone (killed backend, network): the server has
+            # rolled the transaction back already, and the original error says more.
+            pass
+        finally:
+            conn.close()
+
+
+def _column(table: Table, name: str) -> Column[Any]:
+    try:
+        return table.c[name]
+    except KeyError:
+        raise FencingConfigurationError(f"table {table.name!r} has no column {name!r}") from None
+
+
+def _unavailable(exc: sa_exc.SQLAlchemyError, doing: str) -> NoReturn:
+    raise GateUnavailableError(
+        f"SQL gate failed while {doing}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        gate="SQLGate",
+    ) from exc
