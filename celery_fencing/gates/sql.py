@@ -71,6 +71,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    TypeDecorator,
     bindparam,
     func,
     inspect,
@@ -80,13 +81,13 @@ from sqlalchemy import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ..context import resolve_token
 from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
 from ..token import MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE, FencingToken, validate_resource
 
-__all__ = ["DEFAULT_TABLE", "SQLGate", "high_water_table"]
+__all__ = ["DEFAULT_TABLE", "SQLGate", "Utf8VarBinary", "high_water_table"]
 
 DEFAULT_TABLE = "fencing_high_water"
 
@@ -96,6 +97,22 @@ _SUPPORTED = frozenset({"postgresql", "sqlite"}) | _MYSQL_FAMILY
 # Connection-level failures: the storage could not be reached or gave up
 # (timeouts, deadlocks, serialisation failures are OperationalError too).
 _UNAVAILABLE = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError)
+
+
+class Utf8VarBinary(TypeDecorator[str]):
+    """Text kept as its UTF-8 bytes in a ``VARBINARY`` column, so it compares byte for byte.
+
+    The DDL is plain ``VARBINARY(n)``; Python sees ``str`` both ways.
+    """
+
+    impl = mysql.VARBINARY
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
 
 
 def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: str | None = None) -> Table:
@@ -109,9 +126,7 @@ def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: s
         return existing
     # A binary resource on MySQL/MariaDB: their default collations compare
     # case- and trailing-space-insensitively, which would merge resources.
-    resource_type = String(MAX_RESOURCE_LENGTH).with_variant(
-        mysql.VARBINARY(MAX_RESOURCE_LENGTH * 4), "mysql", "mariadb"
-    )
+    resource_type = String(MAX_RESOURCE_LENGTH).with_variant(Utf8VarBinary(MAX_RESOURCE_LENGTH * 4), "mysql", "mariadb")
     return Table(
         name,
         metadata,
@@ -159,10 +174,8 @@ class SQLGate:
         self._mysql = dialect in _MYSQL_FAMILY
         self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
         t = self._table
-        # Bound as text on every dialect: on MySQL/MariaDB the server converts
-        # it to the VARBINARY column's bytes (UTF-8 on a utf8mb4 connection).
-        resource = bindparam("resource", type_=String(MAX_RESOURCE_LENGTH))
-        token = bindparam("token", type_=BigInteger())
+        resource = bindparam("resource", type_=t.c.resource.type)
+        token = bindparam("token", type_=t.c.token.type)
         # Built once: SQLAlchemy memoises a statement's cache key, so reusing the
         # object skips compilation and cache-key generation on every call.
         self._select_mark = select(t.c.token).where(t.c.resource == resource)

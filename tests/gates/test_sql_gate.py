@@ -1,0 +1,382 @@
+"""SQLGate specifics on PostgreSQL, MariaDB and SQLite: exactness, schema, guard, column mode, locks, failures."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from celery_fencing import (
+    FencingConfigurationError,
+    FencingToken,
+    GateUnavailableError,
+    InvalidTokenError,
+    ResourceMismatchError,
+    SQLGate,
+    StaleTokenError,
+)
+from celery_fencing.gates.sql import high_water_table
+
+from .adapters import make_engine
+
+T = FencingToken
+
+SQL_KINDS = ["postgres", "mariadb", "sqlite"]
+
+
+@pytest.fixture(params=SQL_KINDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gate.db'}"
+    value: str = request.getfixturevalue(f"{request.param}_url")
+    return value
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[sa.Engine]:
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def gate(engine: sa.Engine, unique_name: str) -> Iterator[SQLGate]:
+    gate = SQLGate(engine, table=f"hw_{unique_name}")
+    gate.create_schema()
+    yield gate
+    gate.table.drop(engine, checkfirst=True)
+
+
+@pytest.fixture
+def accounts(engine: sa.Engine, unique_name: str) -> Iterator[sa.Table]:
+    """The user's own table, with a fence column for column mode."""
+    table = sa.Table(
+        f"accounts_{unique_name}",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("balance", sa.BigInteger, nullable=False),
+        sa.Column("owner", sa.String(200)),
+        sa.Column("fence", sa.BigInteger),
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(table), [{"id": 1, "balance": 100, "owner": "acct:1"}, {"id": 2, "balance": 50, "owner": None}]
+        )
+    yield table
+    table.drop(engine)
+
+
+def _balance(engine: sa.Engine, accounts: sa.Table, row: int = 1) -> tuple[int, int | None]:
+    with engine.connect() as conn:
+        balance, fence = conn.execute(sa.select(accounts.c.balance, accounts.c.fence).where(accounts.c.id == row)).one()
+        return balance, fence
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# Exactness and schema ------------------------------------------------------------------
+
+
+def test_tokens_are_exact_beyond_2_53(gate: SQLGate) -> None:
+    """BIGINT marks compare exactly: 2**53 is refused after 2**53 + 1, and 2**63 - 1 is stored whole."""
+    gate.claim(T("r", 2**53 + 1))
+    with pytest.raises(StaleTokenError) as info:
+        gate.claim(T("r", 2**53))
+    assert info.value.high_water == 2**53 + 1
+    gate.claim(T("r", 2**63 - 1))
+    assert gate.high_water("r") == 2**63 - 1
+    with pytest.raises(StaleTokenError):
+        gate.claim(T("r", 2**63 - 2))
+
+
+def test_create_schema_is_idempotent(gate: SQLGate, engine: sa.Engine) -> None:
+    """create_schema can run again (and from another gate on the same table) without touching the marks."""
+    gate.claim(T("r", 3))
+    gate.create_schema()
+    SQLGate(engine, table=gate.table.name).create_schema()
+    assert gate.high_water("r") == 3
+
+
+def test_table_layout(gate: SQLGate) -> None:
+    """The mark table has a string primary key resource, a NOT NULL BIGINT token and a range CHECK."""
+    table = gate.table
+    assert [c.name for c in table.primary_key.columns] == ["resource"]
+    assert isinstance(table.c.token.type, sa.BigInteger)
+    assert table.c.token.nullable is False
+    checks = [c for c in table.constraints if isinstance(c, sa.CheckConstraint)]
+    assert [str(c.sqltext) for c in checks] == ["token >= 1 AND token <= 9223372036854775807"]
+
+
+def test_high_water_table_joins_the_applications_metadata() -> None:
+    """high_water_table defines the table in the caller's MetaData (for autogenerate), once."""
+    metadata = sa.MetaData()
+    table = high_water_table(metadata)
+    assert metadata.tables["fencing_high_water"] is table
+    assert high_water_table(metadata) is table
+    ddl = str(sa.schema.CreateTable(table).compile(dialect=sa.dialects.mysql.dialect()))
+    assert "resource VARBINARY(800) NOT NULL" in ddl
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_check_constraint_refuses_out_of_range_marks(gate: SQLGate, engine: sa.Engine, bad: int) -> None:
+    """The CHECK constraint refuses a mark below 1 written around the gate."""
+    with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
+        conn.execute(sa.insert(gate.table).values(resource="r", token=bad))
+    assert gate.high_water("r") is None
+
+
+# Transaction mode ------------------------------------------------------------------------
+
+
+def test_transaction_commits_data_with_the_mark(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """Writes made in gate.transaction() commit together with the new mark."""
+    with gate.transaction(T("acct:1", 5)) as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=110))
+    assert _balance(engine, accounts)[0] == 110
+    assert gate.high_water("acct:1") == 5
+
+
+def test_callers_own_errors_propagate_unwrapped(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """A constraint error of the caller's statement propagates as is and rolls back the mark too."""
+    with pytest.raises(sa.exc.IntegrityError), gate.transaction(T("acct:1", 5)) as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=110))
+        conn.execute(sa.insert(accounts).values(id=1, balance=0))
+    assert _balance(engine, accounts)[0] == 100
+    assert gate.high_water("acct:1") is None
+
+
+def test_guard_inside_the_callers_transaction(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """guard() advances the mark in a transaction the caller holds; the caller's COMMIT publishes both."""
+    with engine.begin() as conn:
+        gate.guard(conn, T("acct:1", 5))
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=110))
+    assert _balance(engine, accounts)[0] == 110
+    assert gate.high_water("acct:1") == 5
+
+    gate.claim(T("acct:1", 9))
+    with pytest.raises(StaleTokenError) as info, engine.begin() as conn:
+        gate.guard(conn, T("acct:1", 8))
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=999))
+    assert info.value.high_water == 9
+    assert _balance(engine, accounts)[0] == 110
+
+
+def test_guard_in_an_orm_session(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """guard() works on session.connection(), inside the session's transaction."""
+    with Session(engine) as session, session.begin():
+        gate.guard(session.connection(), T("acct:1", 5))
+        session.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=120))
+    assert _balance(engine, accounts)[0] == 120
+    assert gate.high_water("acct:1") == 5
+
+
+def test_guard_needs_a_transaction(gate: SQLGate, engine: sa.Engine) -> None:
+    """guard() on a connection outside a transaction is refused before touching the mark."""
+    with engine.connect() as conn, pytest.raises(FencingConfigurationError):
+        gate.guard(conn, T("r", 5))
+    assert gate.high_water("r") is None
+
+
+def test_row_lock_serialises_writers(gate: SQLGate, url: str, unique_name: str) -> None:
+    """While a guarded transaction is open, other writers of the resource wait for its COMMIT, equal token too."""
+    impatient = _impatient_engine(url)
+    other = SQLGate(impatient, table=gate.table.name)
+    try:
+        with gate.transaction(T("r", 5)):
+            for token in (T("r", 6), T("r", 5)):
+                with pytest.raises(GateUnavailableError) as info:
+                    other.claim(token)
+                assert isinstance(info.value.__cause__, sa.exc.OperationalError)
+        other.claim(T("r", 6))
+        assert gate.high_water("r") == 6
+    finally:
+        impatient.dispose()
+
+
+def _impatient_engine(url: str) -> sa.Engine:
+    """An engine whose lock waits give up quickly (a server-side timeout, not a sleep)."""
+    backend = sa.make_url(url).get_backend_name()
+    connect_args: dict[str, Any]
+    if backend == "postgresql":
+        connect_args = {"connect_timeout": 5, "options": "-c lock_timeout=200"}
+    elif backend == "mysql":
+        connect_args = {"connect_timeout": 5, "init_command": "SET SESSION innodb_lock_wait_timeout = 1"}
+    else:
+        connect_args = {"timeout": 0.2}
+    return sa.create_engine(url, connect_args=connect_args)
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mariadb"])
+def test_transaction_killed_before_commit_leaves_nothing(
+    request: pytest.FixtureRequest, kind: str, unique_name: str
+) -> None:
+    """A guarded transaction whose server connection is killed mid-way commits neither data nor mark."""
+    url: str = request.getfixturevalue(f"{kind}_url")
+    engine = make_engine(url)
+    admin = make_engine(url)
+    gate = SQLGate(engine, table=f"hw_{unique_name}")
+    gate.create_schema()
+    data = sa.Table(f"kill_{unique_name}", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))
+    data.create(engine)
+    own_id = "SELECT pg_backend_pid()" if kind == "postgres" else "SELECT CONNECTION_ID()"
+    kill = "SELECT pg_terminate_backend({})" if kind == "postgres" else "KILL {}"
+    try:
+        gate.claim(T("r", 1))
+        with pytest.raises(GateUnavailableError), gate.transaction(T("r", 2)) as conn:
+            conn.execute(sa.insert(data).values(id=1))
+            backend = conn.exec_driver_sql(own_id).scalar_one()
+            with admin.connect() as killer:
+                killer.exec_driver_sql(kill.format(int(backend)))
+        assert gate.high_water("r") == 1
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(data)).scalar_one() == 0
+    finally:
+        data.drop(engine)
+        gate.table.drop(engine)
+        engine.dispose()
+        admin.dispose()
+
+
+# Column mode -----------------------------------------------------------------------------
+
+
+def test_column_mode_is_one_update(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """An accepted fenced_update is a single UPDATE statement that sets the values and the fence."""
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    with engine.begin() as conn:
+        sa.event.listen(conn, "before_cursor_execute", record)
+        count = gate.fenced_update(conn, accounts, T("acct:1", 5), where=accounts.c.id == 1, values={"balance": 110})
+    assert count == 1
+    assert len(statements) == 1 and statements[0].lstrip().upper().startswith("UPDATE")
+    assert _balance(engine, accounts) == (110, 5)
+
+
+def test_column_mode_fences_the_row(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """NULL fence counts as never fenced, equal and higher tokens pass, a lower one is refused with the row's fence."""
+    where = accounts.c.id == 1
+    with engine.begin() as conn:
+        assert gate.fenced_update(conn, accounts, T("acct:1", 5), where=where, values={"balance": 110}) == 1
+        assert gate.fenced_update(conn, accounts, T("acct:1", 5), where=where, values={"balance": 110}) == 1
+        assert gate.fenced_update(conn, accounts, T("acct:1", 9), where=where, values={"balance": 120}) == 1
+    with engine.begin() as conn, pytest.raises(StaleTokenError) as info:
+        gate.fenced_update(conn, accounts, T("acct:1", 8), where=where, values={"balance": 999})
+    assert (info.value.resource, info.value.token, info.value.high_water) == ("acct:1", 8, 9)
+    assert _balance(engine, accounts) == (120, 9)
+
+
+def test_column_mode_reports_a_missing_row(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """No row matching where returns 0: not stale, nothing written."""
+    with engine.begin() as conn:
+        assert gate.fenced_update(conn, accounts, T("x", 5), where=accounts.c.id == 404, values={"balance": 1}) == 0
+
+
+def test_column_mode_binds_rows_to_their_resource(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """With resource_column, a token of another resource cannot write the row, however large."""
+    where = accounts.c.id == 1
+    with engine.begin() as conn, pytest.raises(ResourceMismatchError) as info:
+        gate.fenced_update(
+            conn, accounts, T("acct:2", 10**12), where=where, values={"balance": 0}, resource_column="owner"
+        )
+    assert (info.value.token_resource, info.value.expected_resource) == ("acct:2", "acct:1")
+    with engine.begin() as conn:
+        count = gate.fenced_update(
+            conn, accounts, T("acct:1", 3), where=where, values={"balance": 130}, resource_column="owner"
+        )
+    assert count == 1
+    assert _balance(engine, accounts) == (130, 3)
+
+
+def test_column_mode_claim_with_no_values(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """values={} raises the row's fence alone: the column-mode claim before a read."""
+    where = accounts.c.id == 2
+    with engine.begin() as conn:
+        gate.fenced_update(conn, accounts, T("acct:2", 9), where=where, values={})
+    with engine.begin() as conn, pytest.raises(StaleTokenError):
+        gate.fenced_update(conn, accounts, T("acct:2", 7), where=where, values={"balance": 60})
+    assert _balance(engine, accounts, row=2) == (50, 9)
+
+
+def test_column_mode_refuses_bad_options(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """Setting the fence yourself, an unknown column, or a bad token is refused before any statement."""
+    where = accounts.c.id == 1
+    with engine.begin() as conn:
+        with pytest.raises(FencingConfigurationError):
+            gate.fenced_update(conn, accounts, T("acct:1", 5), where=where, values={"fence": 1})
+        with pytest.raises(FencingConfigurationError):
+            gate.fenced_update(conn, accounts, T("acct:1", 5), where=where, values={}, fence_column="nope")
+        with pytest.raises(InvalidTokenError):
+            gate.fenced_update(conn, accounts, 5, where=where, values={"balance": 1})  # type: ignore[arg-type]
+    assert _balance(engine, accounts) == (100, None)
+
+
+# Failures -------------------------------------------------------------------------------
+
+
+def _unreachable_urls(tmp_path: Path) -> list[str]:
+    port = _closed_port()
+    return [
+        f"postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+        f"mysql+pymysql://root@127.0.0.1:{port}/test",
+        f"sqlite:///{tmp_path / 'no-such-dir' / 'gate.db'}",
+    ]
+
+
+def _gate_calls(gate: SQLGate) -> list[Any]:
+    return [lambda: gate.claim(T("r", 1)), lambda: gate.high_water("r"), gate.create_schema]
+
+
+def test_unreachable_database_is_gate_unavailable_fast(tmp_path: Path) -> None:
+    """A refused connection raises GateUnavailableError, driver error chained, in well under the connect timeout."""
+    for url in _unreachable_urls(tmp_path):
+        engine = make_engine(url)
+        try:
+            for call in _gate_calls(SQLGate(engine)):
+                started = time.monotonic()
+                with pytest.raises(GateUnavailableError) as info:
+                    call()
+                assert time.monotonic() - started < 3, url
+                assert isinstance(info.value.__cause__, sa.exc.OperationalError), url
+        finally:
+            engine.dispose()
+
+
+def test_bad_input_is_refused_before_any_io(tmp_path: Path) -> None:
+    """Bad tokens raise InvalidTokenError even when the database is unreachable: nothing was sent."""
+    for url in _unreachable_urls(tmp_path):
+        gate = SQLGate(make_engine(url))
+        with pytest.raises(InvalidTokenError):
+            gate.claim(34.5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidTokenError):
+            gate.transaction("35")  # type: ignore[arg-type]
+        with pytest.raises(InvalidTokenError):
+            gate.high_water("")
+
+
+def test_missing_mark_table_is_gate_unavailable(engine: sa.Engine, unique_name: str) -> None:
+    """A gate whose table was never created fails with GateUnavailableError, not a driver error."""
+    gate = SQLGate(engine, table=f"missing_{unique_name}")
+    with pytest.raises(GateUnavailableError):
+        gate.claim(T("r", 1))
+
+
+def test_unsupported_database_is_refused() -> None:
+    """Only PostgreSQL, MySQL/MariaDB and SQLite are supported; others fail at construction."""
+    engine = sa.create_mock_engine(sa.make_url("oracle+oracledb://"), executor=lambda *a, **k: None)
+    with pytest.raises(FencingConfigurationError):
+        SQLGate(engine)  # type: ignore[arg-type]
