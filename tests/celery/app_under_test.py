@@ -156,7 +156,7 @@ def _policy_body(task: Task, name: str, always: bool) -> dict[str, Any]:
     return {"retries": task.request.retries, "token": task.request.fencing_token.value}
 
 
-def _policy_task(policy: str, max_retries: int | None = None) -> Any:
+def _policy_task(name: str, policy: str, max_retries: int | None = None) -> Any:
     options: dict[str, Any] = {"fencing_on_stale": policy}
     if max_retries is not None:
         options["fencing_max_retries"] = max_retries
@@ -164,7 +164,7 @@ def _policy_task(policy: str, max_retries: int | None = None) -> Any:
     @app.task(
         bind=True,
         base=FencedTask,
-        name=f"policy_{policy}_{max_retries}",
+        name=f"{__name__}.{name}",
         fencing_resource="policy:{name}",
         fencing_gates=gates,
         **options,
@@ -175,11 +175,11 @@ def _policy_task(policy: str, max_retries: int | None = None) -> Any:
     return run
 
 
-policy_retry = _policy_task("retry")
-policy_retry_limited = _policy_task("retry", max_retries=2)
-policy_ignore = _policy_task("ignore")
-policy_reject = _policy_task("reject")
-policy_raise = _policy_task("raise")
+policy_retry = _policy_task("policy_retry", "retry")
+policy_retry_limited = _policy_task("policy_retry_limited", "retry", max_retries=2)
+policy_ignore = _policy_task("policy_ignore", "ignore")
+policy_reject = _policy_task("policy_reject", "reject")
+policy_raise = _policy_task("policy_raise", "raise")
 
 
 @app.task(bind=True, base=FencedTask, fencing_resource="plain:{name}")
@@ -187,3 +187,28 @@ def whoami(self: Task, name: str) -> dict[str, Any]:
     """Report the token this execution got, and the pid that ran it."""
     token = self.request.fencing_token
     return {"resource": token.resource, "token": token.value, "pid": os.getpid()}
+
+
+# ZooKeeper: exclusive mode and session loss -------------------------------------------------
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="excl:{name}", fencing_mode="exclusive")
+def exclusive_job(self: Task, name: str) -> int:
+    """Holds the resource's lease for its whole run: enter, wait for the test, exit."""
+    token = self.request.fencing_token
+    event("enter", self.request.id, token.value, os.getpid())
+    wait_released(self.request.id, token.value)
+    event("exit", self.request.id, token.value, os.getpid())
+    return int(token.value)
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="sess:{name}", fencing_gates=gates)
+def session_job(self: Task, name: str) -> int:
+    """Waits for the test, then writes through the gate; reports whether its session was lost meanwhile."""
+    token = self.request.fencing_token
+    event("start", self.request.id, token.value, self.request.retries)
+    wait_released(self.request.id, token.value)
+    lost = self.request.fencing_execution.session_lost.is_set()
+    event("lost" if lost else "kept", self.request.id, token.value, self.request.retries)
+    gates()[0].set(None, key("sess", name), token.value)
+    return int(token.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ class Scenario:
             "FT_SOURCE": self.source_url,
         }
         self.workers: list[WorkerProcess] = []
+        self.pool = "solo"
         self._client: Celery | None = None
 
     @property
@@ -84,6 +86,19 @@ class Scenario:
         if keys:
             self.redis.delete(*set(keys))
         self.redis.close()
+
+
+@pytest.fixture(scope="module", params=["solo", "prefork", "threads"])
+def pooled_worker(
+    request: pytest.FixtureRequest, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Scenario]:
+    """One worker per pool kind, shared by a module's tests (starting workers is the slow part)."""
+    pool = request.param
+    world = Scenario("t" + uuid.uuid4().hex[:12], redis_url, tmp_path_factory.mktemp(pool))
+    world.pool = pool
+    world.worker("w", pool=pool, concurrency=1 if pool == "solo" else 2)
+    yield world
+    world.close()
 
 
 @pytest.fixture
