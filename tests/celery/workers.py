@@ -88,7 +88,7 @@ class WorkerProcess:
             "--without-heartbeat",
             *extra_args,
         ]
-        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> WorkerProcess:
