@@ -76,3 +76,19 @@ def test_session_loss_stops_the_task_at_its_next_gate_call(
     assert "was lost; this execution stops at its next gate call" in worker.log()
     assert final == int(retry_start[2]) > int(start[2])
     assert scenario.redis.get(scenario.key("sess", name)) == retry_start[2]
+
+
+def test_task_waits_out_a_grantor_outage(scenario: Scenario, zookeeper_server: ZooKeeperServer) -> None:
+    """With ZooKeeper down, a fenced task retries with backoff and never runs unfenced; once it is back, it runs."""
+    _use_zookeeper(scenario, zookeeper_server, timeout=1)
+    worker = scenario.worker("w", pool="solo")
+    scenario.send("whoami", "outage").get(timeout=60)  # the session is up
+    zookeeper_server.stop()
+    try:
+        result = scenario.send("whoami", "outage")
+        wait_for(lambda: worker.log().count("fenced out at mint on 'plain:outage'") >= 2, 60, "retries while down")
+        assert not result.ready(), "the body must not run without a token"
+    finally:
+        zookeeper_server.start()
+    got = result.get(timeout=90)
+    assert got["resource"] == "plain:outage" and got["token"] > 0
