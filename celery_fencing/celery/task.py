@@ -328,6 +328,9 @@ class FencedTask(Task):  # type: ignore[misc]
             retry: BaseException = self.retry(
                 exc=exc, countdown=decision.countdown, max_retries=retries + 1, throw=False
             )
+            # retry() leaves max_retries on the shared task object for autoretry_for
+            # to pick up; ours is not the task's own limit, so take it back.
+            self.__dict__.pop("override_max_retries", None)
             return retry
         if decision.action == "ignore":
             ignore: BaseException = Ignore(str(exc))

@@ -92,6 +92,7 @@ def test_stale_body_is_retried_with_a_new_token(app: Celery) -> None:
     assert job.apply(throw=False).get() == 2
     assert len(tokens) == 2 and tokens[1] > tokens[0]
     assert gate.get("balance") == 2 and gate.high_water("acct") == tokens[1]
+    assert "override_max_retries" not in job.__dict__, "the fencing retry limit must not leak into autoretry_for"
 
 
 def test_raise_policy_fails_the_task(app: Celery) -> None:
