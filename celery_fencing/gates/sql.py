@@ -72,6 +72,7 @@ from sqlalchemy import (
     String,
     Table,
     TypeDecorator,
+    and_,
     bindparam,
     func,
     inspect,
@@ -173,6 +174,7 @@ class SQLGate:
         self._dialect = dialect
         self._mysql = dialect in _MYSQL_FAMILY
         self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
+        self._fence_clauses: dict[tuple[Table, str, str | None], _FenceClauses] = {}
         t = self._table
         resource = bindparam("resource", type_=t.c.resource.type)
         token = bindparam("token", type_=t.c.token.type)
@@ -351,17 +353,17 @@ class SQLGate:
             errors (your constraints) propagate unchanged.
         """
         checked = resolve_token(token)
-        fence = _column(table, fence_column)
         if fence_column in values:
             raise FencingConfigurationError(f"values must not set the fence column {fence_column!r}: the gate sets it")
-        conditions: list[ColumnElement[bool]] = [where, or_(fence.is_(None), fence <= checked.value)]
-        owner = None
-        if resource_column is not None:
-            owner = _column(table, resource_column)
-            conditions.append(owner == checked.resource)
-        stmt = update(table).where(*conditions).values({**values, fence_column: checked.value})
+        clauses = self._fence_clauses.get((table, fence_column, resource_column))
+        if clauses is None:
+            clauses = _FenceClauses(table, fence_column, resource_column)
+            self._fence_clauses[(table, fence_column, resource_column)] = clauses
+        stmt = update(table).where(where, clauses.condition).values({**values, fence_column: clauses.token})
+        params = {_TOKEN_PARAM: checked.value, _RESOURCE_PARAM: checked.resource}
+        fence, owner = clauses.fence, clauses.owner
         try:
-            count = connection.execute(stmt).rowcount
+            count = connection.execute(stmt, params).rowcount
             if count:
                 return count
             # Nothing updated: tell "no such row" from "stale" and "another
@@ -388,6 +390,33 @@ class SQLGate:
 
     def __repr__(self) -> str:
         return f"SQLGate({self.engine!r}, table={self._table.name!r})"
+
+
+# Names of the parameters column mode binds at execution. Long and prefixed so
+# they cannot meet a parameter of the caller's WHERE.
+_TOKEN_PARAM = "celery_fencing_token"
+_RESOURCE_PARAM = "celery_fencing_resource"
+
+
+class _FenceClauses:
+    """Column mode's part of the UPDATE for one (table, fence column, resource column).
+
+    Built once per gate and reused: SQLAlchemy's Python-side cost of building a
+    statement and its cache key grows with its size, and rebuilding these
+    clauses on every call cost more than the database's own work for them.
+    The token and resource are bound at execution.
+    """
+
+    def __init__(self, table: Table, fence_column: str, resource_column: str | None) -> None:
+        self.fence = _column(table, fence_column)
+        self.token = bindparam(_TOKEN_PARAM, type_=self.fence.type)
+        # NULL is "never fenced": rows that predate the fence column stay writable.
+        condition = or_(self.fence.is_(None), self.fence <= self.token)
+        self.owner: Column[Any] | None = None
+        if resource_column is not None:
+            self.owner = _column(table, resource_column)
+            condition = and_(condition, self.owner == bindparam(_RESOURCE_PARAM, type_=self.owner.type))
+        self.condition: ColumnElement[bool] = condition
 
 
 class _FencedTransaction(AbstractContextManager[Connection]):

@@ -1,0 +1,222 @@
+"""What does a gate cost? The median latency of each gated write against the plain write it replaces.
+
+Usage::
+
+    python benchmarks/gates.py [--rounds 20] [--count 200] [--stores redis,postgres,mariadb,sqlite] [--check]
+
+Pairs, each printed as two medians and their ratio (gated / plain):
+
+* Redis: ``RedisGate.set`` (one EVALSHA) against a plain ``SET``.
+* PostgreSQL, MariaDB, SQLite, column mode: ``SQLGate.fenced_update`` against
+  the plain single-row ``UPDATE`` it replaces, each in its own transaction
+  (the write as an application commits it).
+* The same three, transaction mode: a ``gate.transaction()`` holding that
+  ``UPDATE`` against ``engine.begin()`` holding the same ``UPDATE``.
+
+Each round makes ``count`` pairs of calls, one of each subject back to back,
+and swaps which goes first from round to round, so drift on a shared machine
+(other test suites, caches, CPU frequency) hits both sides alike. The first
+calls warm connections, scripts and statement caches and are not counted.
+Servers are the test suite's (FENCING_TEST_REDIS_URL, FENCING_TEST_POSTGRES_URL,
+FENCING_TEST_MARIADB_URL); every key and table is private to the run and
+removed at the end. ``--check`` exits 1 when a ratio misses its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import sqlalchemy as sa
+
+# Run as a script from anywhere: make the repository root importable.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from celery_fencing import FencingToken, RedisGate, SQLGate  # noqa: E402
+
+REDIS_URL = os.environ.get("FENCING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+SQL_URLS = {
+    "postgres": os.environ.get("FENCING_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+    "mariadb": os.environ.get("FENCING_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+}
+STORES = ("redis", "postgres", "mariadb", "sqlite")
+WARMUP = 50
+
+# Done-when targets of issue 3, as gated / plain ratios of the medians.
+TARGETS = {"redis set": 1.10, "column mode": 1.15, "transaction": 1.5}
+
+
+@dataclass
+class Pair:
+    name: str
+    #: None for an informative line without a target.
+    target: float | None
+    gated: Callable[[], object]
+    plain: Callable[[], object]
+
+
+def measure(pair: Pair, rounds: int, count: int, warmup: int = WARMUP) -> tuple[float, float]:
+    """Return the median latencies (gated, plain) in microseconds, interleaving the two calls."""
+    for _ in range(warmup):
+        pair.gated()
+        pair.plain()
+    gated: list[int] = []
+    plain: list[int] = []
+    clock = time.perf_counter_ns
+    for round_no in range(rounds):
+        order = ((pair.gated, gated), (pair.plain, plain))
+        if round_no % 2:
+            order = order[::-1]
+        for _ in range(count):
+            for call, samples in order:
+                started = clock()
+                call()
+                samples.append(clock() - started)
+    return statistics.median(gated) / 1000, statistics.median(plain) / 1000
+
+
+@contextmanager
+def redis_pairs(run: str) -> Iterator[list[Pair]]:
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+    gate = RedisGate(client, prefix=f"{run}:fencing")
+    token = FencingToken(f"{run}:{{acct}}", 5)
+    gated_key, plain_key = f"{run}:{{acct}}:gated", f"{run}:{{acct}}:plain"
+    # The floor no gate can go below: invoking any Lua script with the same
+    # keys and arguments (script setup in Redis, and the longer command to
+    # pack and parse), against the same SET.
+    empty = client.register_script("return 1")
+    empty_keys = [gate.mark_key(token.resource), gate.owner_key(gated_key), gated_key]
+    empty_args = ["00000000000000000005", token.resource, "110"]
+    try:
+        yield [
+            Pair(
+                "redis: RedisGate.set vs SET",
+                TARGETS["redis set"],
+                lambda: gate.set(token, gated_key, "110"),
+                lambda: client.set(plain_key, "110"),
+            ),
+            Pair(
+                "redis, floor: EVALSHA 'return 1' vs SET",
+                None,
+                lambda: empty(keys=empty_keys, args=empty_args),
+                lambda: client.set(plain_key, "110"),
+            ),
+        ]
+    finally:
+        keys = list(client.scan_iter(match=f"{run}:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@contextmanager
+def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
+    engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {"connect_timeout": 5})
+    gate = SQLGate(engine, table=f"{run}_hw")
+    accounts = sa.Table(
+        f"{run}_accounts",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("balance", sa.BigInteger, nullable=False),
+        sa.Column("fence", sa.BigInteger),
+    )
+    gate.create_schema()
+    accounts.create(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(accounts), [{"id": 1, "balance": 0}, {"id": 2, "balance": 0}])
+    token = FencingToken("acct:1", 5)
+    counter = iter(range(1, 1 << 62))
+
+    # Each call writes a new balance, as a real deposit would; the WHERE and
+    # values are built per call on both sides, as application code does.
+    def column_mode() -> None:
+        with engine.begin() as conn:
+            gate.fenced_update(conn, accounts, token, where=accounts.c.id == 1, values={"balance": next(counter)})
+
+    def plain_update() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.update(accounts).where(accounts.c.id == 2).values(balance=next(counter)))
+
+    def guarded_transaction() -> None:
+        with gate.transaction(token) as conn:
+            conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=next(counter)))
+
+    # Informative: the two statements alone, inside one open transaction, so
+    # that COMMIT's flush to disk does not dilute the difference.
+    held = engine.connect()
+    held.begin()
+
+    def column_mode_statement() -> None:
+        gate.fenced_update(held, accounts, token, where=accounts.c.id == 1, values={"balance": next(counter)})
+
+    def plain_statement() -> None:
+        held.execute(sa.update(accounts).where(accounts.c.id == 2).values(balance=next(counter)))
+
+    try:
+        yield [
+            Pair(f"{store}: fenced_update vs UPDATE", TARGETS["column mode"], column_mode, plain_update),
+            Pair(
+                f"{store}: gate.transaction vs engine.begin", TARGETS["transaction"], guarded_transaction, plain_update
+            ),
+            Pair(f"{store}, statements alone, no COMMIT", None, column_mode_statement, plain_statement),
+        ]
+    finally:
+        held.rollback()
+        held.close()
+        accounts.drop(engine)
+        gate.table.drop(engine)
+        engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20, help="rounds, alternating which subject goes first")
+    parser.add_argument("--count", type=int, default=200, help="pairs of calls per round")
+    parser.add_argument("--stores", default=",".join(STORES), help="comma-separated subset of " + ",".join(STORES))
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="uncounted calls per subject first")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a ratio misses its target")
+    args = parser.parse_args(argv)
+    stores = [s for s in args.stores.split(",") if s]
+    if args.rounds < 1 or args.count < 1 or args.warmup < 0 or not set(stores) <= set(STORES) or not stores:
+        parser.error(f"--rounds and --count must be >= 1; --stores a subset of {','.join(STORES)}")
+
+    run = "bench" + uuid.uuid4().hex[:8]
+    missed = []
+    print(f"{'comparison':44} {'gated us':>10} {'plain us':>10} {'ratio':>7} {'target':>7}")
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-bench-"))
+        for store in stores:
+            if store == "redis":
+                pairs = stack.enter_context(redis_pairs(run))
+            else:
+                url = SQL_URLS.get(store) or f"sqlite:///{Path(tmp) / 'bench.db'}"
+                pairs = stack.enter_context(sql_pairs(store, url, run))
+            for pair in pairs:
+                gated, plain = measure(pair, args.rounds, args.count, args.warmup)
+                ratio = gated / plain
+                if pair.target is None:
+                    target, verdict = "", "(info)"
+                else:
+                    target, verdict = f"{pair.target:6.2f}x", "ok" if ratio <= pair.target else "MISSED"
+                if verdict == "MISSED":
+                    missed.append(pair.name)
+                print(f"{pair.name:44} {gated:10.1f} {plain:10.1f} {ratio:7.3f} {target:>7} {verdict}")
+                sys.stdout.flush()
+    print(f"rounds={args.rounds} count={args.count}; medians of {args.rounds * args.count} calls per subject")
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
