@@ -430,10 +430,19 @@ class ZooKeeperTokenSource:
     def add_state_listener(self, callback: Callable[[str], object]) -> None:
         """Call ``callback(state)`` on every session state change: CONNECTED, SUSPENDED or LOST.
 
-        It runs on kazoo's connection thread: it must return quickly, never
+        It runs on kazoo's connection thread, after the source has updated
+        ``state`` and marked its leases lost: it must return quickly, never
         block and never call ZooKeeper. Exceptions it raises are logged.
+        Listeners stay registered across ``fork()`` and then report the
+        child's own connection.
         """
-        self._state_listeners.append(callback)
+        with self._lock:
+            self._state_listeners.append(callback)
+
+    def remove_state_listener(self, callback: Callable[[str], object]) -> None:
+        """Stop calling *callback*; one that is not registered is ignored."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._state_listeners.remove(callback)
 
     def connect(self, *, timeout: float | None = None) -> None:
         """Connect now (instead of on first use) and wait until the session is up.
@@ -601,29 +610,32 @@ class ZooKeeperTokenSource:
         if client is not self._client:
             return  # a client this source has let go of (closed, or the parent's after fork)
         self._state = str(state)
-        for callback in list(self._state_listeners):
-            try:
-                callback(str(state))
-            except Exception:
-                log.exception("fencing ZooKeeper state listener %r failed", callback)
         if state == KazooState.CONNECTED:
             self._connected.set()
             if self._orphans:
                 threading.Thread(
                     target=self._clean_orphans, args=(client,), name="fencing-zk-cleanup", daemon=True
                 ).start()
-            return
-        self._connected.clear()
+        else:
+            self._connected.clear()
+            with self._lock:
+                leases = list(self._leases)
+                waiters = list(self._waiters)
+                if state == KazooState.LOST:
+                    # An expired session's ephemeral nodes are gone with it.
+                    self._orphans.clear()
+            for lease in leases:
+                lease._mark_lost(f"ZooKeeper session {state}")
+            for event in waiters:
+                event.set()
+        # Last, so a listener sees the source's own view already updated.
         with self._lock:
-            leases = list(self._leases)
-            waiters = list(self._waiters)
-            if state == KazooState.LOST:
-                # An expired session's ephemeral nodes are gone with it.
-                self._orphans.clear()
-        for lease in leases:
-            lease._mark_lost(f"ZooKeeper session {state}")
-        for event in waiters:
-            event.set()
+            callbacks = list(self._state_listeners)
+        for callback in callbacks:
+            try:
+                callback(str(state))
+            except Exception:
+                log.exception("fencing ZooKeeper state listener %r failed", callback)
 
     def _await_connected(self, client: Any, deadline: float, resource: str | None) -> None:
         remaining = deadline - time.monotonic()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
 
 from celery_fencing import (
     FencingConfigurationError,
@@ -32,7 +33,7 @@ from celery_fencing.sources.zookeeper import (
     resource_to_znode_name,
     znode_name_to_resource,
 )
-from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, free_ports
+from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, expire_session, free_ports
 
 TRICKY = [
     "a/b/c",
@@ -169,7 +170,11 @@ def test_suspended_session_refuses_and_nothing_runs_later(
     """While SUSPENDED, mint raises within its timeout and queues nothing that runs once the session resumes."""
     # A restarted standalone server restores its sessions, so this client resumes the
     # *same* session: exactly when kazoo would send requests it queued while suspended.
-    client = KazooClient(zookeeper_server.hosts, timeout=10.0)
+    # The longest session the server allows and a reconnect at least twice a second,
+    # so a slow JVM restart on a busy machine does not expire the session.
+    client = KazooClient(
+        zookeeper_server.hosts, timeout=20.0, connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5)
+    )
     client.start(30)
     try:
         source = make_source(client=client)
@@ -211,6 +216,25 @@ def test_frozen_server_bounds_an_in_flight_mint(
     finally:
         zookeeper_server.resume()
     assert source.mint("acct:11", timeout=30).value > 0
+
+
+def test_state_listeners_hear_suspension_and_recovery(
+    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+) -> None:
+    """State listeners get CONNECTED, then SUSPENDED when the server goes, then CONNECTED again; removal works."""
+    source = make_source()
+    heard: queue.Queue[str] = queue.Queue()
+    removed: list[str] = []
+    source.add_state_listener(heard.put)
+    source.add_state_listener(removed.append)
+    source.remove_state_listener(removed.append)
+    source.remove_state_listener(removed.append)  # not registered any more: ignored
+    source.connect()
+    assert heard.get(timeout=10) == "CONNECTED"
+    zookeeper_server.restart()
+    assert heard.get(timeout=30) == "SUSPENDED"
+    assert heard.get(timeout=30) == "CONNECTED"
+    assert not removed
 
 
 def test_unreachable_server_bounds_mint_connect_and_lease() -> None:
@@ -383,7 +407,9 @@ def test_second_holder_waits_bounded_then_gets_a_larger_token(
         with pytest.raises(TokenUnavailableError, match="another holder"), second_source.lease("acct:4", timeout=1.0):
             pass
         assert 1.0 <= time.monotonic() - started < 3.0
-        assert _lock_children(admin, first_source, "acct:4") == [first.lock_path.rsplit("/", 1)[1]]
+        # The loser's lock node is deleted without making it wait past its timeout: poll.
+        own = [first.lock_path.rsplit("/", 1)[1]]
+        wait_for(lambda: _lock_children(admin, first_source, "acct:4") == own, 10, "the loser's lock node to go")
         first.check()
     with second_source.lease("acct:4", timeout=5) as second:
         assert second.token > first.token
@@ -415,13 +441,7 @@ def test_expired_session_hands_the_lease_over_and_tells_the_holder(
             first.on_lost(lambda lease: told.set())
             thread = threading.Thread(target=wait_for_lease)
             thread.start()
-            # The standard session-expiry trick: a second connection with the same
-            # session id and password takes the session over, then closes it.
-            session_id, password = holder_client.client_id
-            thief = KazooClient(zookeeper_server.hosts, client_id=(session_id, password))
-            thief.start(30)
-            thief.stop()
-            thief.close()
+            expire_session(holder_client, zookeeper_server.hosts)
 
             second = handed.get(timeout=30)
             assert isinstance(second, Lease), second
