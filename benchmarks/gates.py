@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/gates.py [--rounds 20] [--count 200] [--stores redis,postgres,mariadb,sqlite] [--check]
 
-Pairs, each printed as two medians and their ratio (gated / plain):
+Comparisons, each printed as two medians and their ratio (gated / plain):
 
 * Redis: ``RedisGate.set`` (one EVALSHA) against a plain ``SET``.
 * PostgreSQL, MariaDB, SQLite, column mode: ``SQLGate.fenced_update`` against
@@ -13,9 +13,10 @@ Pairs, each printed as two medians and their ratio (gated / plain):
 * The same three, transaction mode: a ``gate.transaction()`` holding that
   ``UPDATE`` against ``engine.begin()`` holding the same ``UPDATE``.
 
-Each round makes ``count`` pairs of calls, one of each subject back to back,
-and swaps which goes first from round to round, so drift on a shared machine
-(other test suites, caches, CPU frequency) hits both sides alike. The first
+The subjects compared are measured together: each round makes ``count``
+turns, calling every subject once per turn, and the round after rotates which
+goes first, so drift on a shared machine (other test suites, caches, CPU
+frequency) hits every side alike. The first
 calls warm connections, scripts and statement caches and are not counted.
 Servers are the test suite's (FENCING_TEST_REDIS_URL, FENCING_TEST_POSTGRES_URL,
 FENCING_TEST_MARIADB_URL); every key and table is private to the run and
@@ -59,36 +60,45 @@ TARGETS = {"redis set": 1.10, "column mode": 1.15, "transaction": 1.5}
 
 
 @dataclass
-class Pair:
+class Comparison:
     name: str
+    #: Subject names: the gated write and the plain write it replaces.
+    gated: str
+    plain: str
     #: None for an informative line without a target.
     target: float | None
-    gated: Callable[[], object]
-    plain: Callable[[], object]
 
 
-def measure(pair: Pair, rounds: int, count: int, warmup: int = WARMUP) -> tuple[float, float]:
-    """Return the median latencies (gated, plain) in microseconds, interleaving the two calls."""
-    for _ in range(warmup):
-        pair.gated()
-        pair.plain()
-    gated: list[int] = []
-    plain: list[int] = []
+@dataclass
+class Group:
+    """Subjects measured together, so every ratio compares samples from the same rounds."""
+
+    subjects: dict[str, Callable[[], object]]
+    comparisons: list[Comparison]
+
+
+def measure(subjects: dict[str, Callable[[], object]], rounds: int, count: int, warmup: int) -> dict[str, float]:
+    """Return each subject's median latency in microseconds, calling the subjects in turn."""
+    for call in subjects.values():
+        for _ in range(warmup):
+            call()
+    names = list(subjects)
+    samples: dict[str, list[int]] = {name: [] for name in names}
     clock = time.perf_counter_ns
     for round_no in range(rounds):
-        order = ((pair.gated, gated), (pair.plain, plain))
-        if round_no % 2:
-            order = order[::-1]
+        # Rotate which subject goes first, so none always follows the same neighbour.
+        shift = round_no % len(names)
+        order = [(subjects[name], samples[name]) for name in names[shift:] + names[:shift]]
         for _ in range(count):
-            for call, samples in order:
+            for call, into in order:
                 started = clock()
                 call()
-                samples.append(clock() - started)
-    return statistics.median(gated) / 1000, statistics.median(plain) / 1000
+                into.append(clock() - started)
+    return {name: statistics.median(values) / 1000 for name, values in samples.items()}
 
 
 @contextmanager
-def redis_pairs(run: str) -> Iterator[list[Pair]]:
+def redis_group(run: str) -> Iterator[Group]:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
     gate = RedisGate(client, prefix=f"{run}:fencing")
     token = FencingToken(f"{run}:{{acct}}", 5)
@@ -100,20 +110,17 @@ def redis_pairs(run: str) -> Iterator[list[Pair]]:
     empty_keys = [gate.mark_key(token.resource), gate.owner_key(gated_key), gated_key]
     empty_args = ["00000000000000000005", token.resource, "110"]
     try:
-        yield [
-            Pair(
-                "redis: RedisGate.set vs SET",
-                TARGETS["redis set"],
-                lambda: gate.set(token, gated_key, "110"),
-                lambda: client.set(plain_key, "110"),
-            ),
-            Pair(
-                "redis, floor: EVALSHA 'return 1' vs SET",
-                None,
-                lambda: empty(keys=empty_keys, args=empty_args),
-                lambda: client.set(plain_key, "110"),
-            ),
-        ]
+        yield Group(
+            {
+                "gated set": lambda: gate.set(token, gated_key, "110"),
+                "SET": lambda: client.set(plain_key, "110"),
+                "empty script": lambda: empty(keys=empty_keys, args=empty_args),
+            },
+            [
+                Comparison("redis: RedisGate.set vs SET", "gated set", "SET", TARGETS["redis set"]),
+                Comparison("redis, floor: EVALSHA 'return 1' vs SET", "empty script", "SET", None),
+            ],
+        )
     finally:
         keys = list(client.scan_iter(match=f"{run}:*"))
         if keys:
@@ -122,7 +129,7 @@ def redis_pairs(run: str) -> Iterator[list[Pair]]:
 
 
 @contextmanager
-def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
+def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
     engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {"connect_timeout": 5})
     gate = SQLGate(engine, table=f"{run}_hw")
     accounts = sa.Table(
@@ -135,12 +142,13 @@ def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
     gate.create_schema()
     accounts.create(engine)
     with engine.begin() as conn:
-        conn.execute(sa.insert(accounts), [{"id": 1, "balance": 0}, {"id": 2, "balance": 0}])
+        conn.execute(sa.insert(accounts), [{"id": n, "balance": 0} for n in (1, 2, 3)])
     token = FencingToken("acct:1", 5)
     counter = iter(range(1, 1 << 62))
 
     # Each call writes a new balance, as a real deposit would; the WHERE and
-    # values are built per call on both sides, as application code does.
+    # values are built per call on every side, as application code does. Each
+    # subject has its own row, so none waits for another's lock.
     def column_mode() -> None:
         with engine.begin() as conn:
             gate.fenced_update(conn, accounts, token, where=accounts.c.id == 1, values={"balance": next(counter)})
@@ -151,7 +159,7 @@ def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
 
     def guarded_transaction() -> None:
         with gate.transaction(token) as conn:
-            conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=next(counter)))
+            conn.execute(sa.update(accounts).where(accounts.c.id == 3).values(balance=next(counter)))
 
     # Informative: the two statements alone, inside one open transaction, so
     # that COMMIT's flush to disk does not dilute the difference.
@@ -166,11 +174,19 @@ def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
 
     try:
         yield [
-            Pair(f"{store}: fenced_update vs UPDATE", TARGETS["column mode"], column_mode, plain_update),
-            Pair(
-                f"{store}: gate.transaction vs engine.begin", TARGETS["transaction"], guarded_transaction, plain_update
+            Group(
+                {"column mode": column_mode, "UPDATE": plain_update, "transaction": guarded_transaction},
+                [
+                    Comparison(f"{store}: fenced_update vs UPDATE", "column mode", "UPDATE", TARGETS["column mode"]),
+                    Comparison(
+                        f"{store}: gate.transaction vs engine.begin", "transaction", "UPDATE", TARGETS["transaction"]
+                    ),
+                ],
             ),
-            Pair(f"{store}, statements alone, no COMMIT", None, column_mode_statement, plain_statement),
+            Group(
+                {"column mode": column_mode_statement, "UPDATE": plain_statement},
+                [Comparison(f"{store}, statements alone, no COMMIT", "column mode", "UPDATE", None)],
+            ),
         ]
     finally:
         held.rollback()
@@ -183,7 +199,7 @@ def sql_pairs(store: str, url: str, run: str) -> Iterator[list[Pair]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20, help="rounds, alternating which subject goes first")
-    parser.add_argument("--count", type=int, default=200, help="pairs of calls per round")
+    parser.add_argument("--count", type=int, default=200, help="turns per round (one call of each subject)")
     parser.add_argument("--stores", default=",".join(STORES), help="comma-separated subset of " + ",".join(STORES))
     parser.add_argument("--warmup", type=int, default=WARMUP, help="uncounted calls per subject first")
     parser.add_argument("--check", action="store_true", help="exit 1 when a ratio misses its target")
@@ -199,21 +215,24 @@ def main(argv: list[str] | None = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-bench-"))
         for store in stores:
             if store == "redis":
-                pairs = stack.enter_context(redis_pairs(run))
+                groups = [stack.enter_context(redis_group(run))]
             else:
                 url = SQL_URLS.get(store) or f"sqlite:///{Path(tmp) / 'bench.db'}"
-                pairs = stack.enter_context(sql_pairs(store, url, run))
-            for pair in pairs:
-                gated, plain = measure(pair, args.rounds, args.count, args.warmup)
-                ratio = gated / plain
-                if pair.target is None:
-                    target, verdict = "", "(info)"
-                else:
-                    target, verdict = f"{pair.target:6.2f}x", "ok" if ratio <= pair.target else "MISSED"
-                if verdict == "MISSED":
-                    missed.append(pair.name)
-                print(f"{pair.name:44} {gated:10.1f} {plain:10.1f} {ratio:7.3f} {target:>7} {verdict}")
-                sys.stdout.flush()
+                groups = stack.enter_context(sql_groups(store, url, run))
+            for group in groups:
+                medians = measure(group.subjects, args.rounds, args.count, args.warmup)
+                for comparison in group.comparisons:
+                    gated, plain = medians[comparison.gated], medians[comparison.plain]
+                    ratio = gated / plain
+                    if comparison.target is None:
+                        target, verdict = "", "(info)"
+                    else:
+                        target = f"{comparison.target:6.2f}x"
+                        verdict = "ok" if ratio <= comparison.target else "MISSED"
+                    if verdict == "MISSED":
+                        missed.append(comparison.name)
+                    print(f"{comparison.name:44} {gated:10.1f} {plain:10.1f} {ratio:7.3f} {target:>7} {verdict}")
+                    sys.stdout.flush()
     print(f"rounds={args.rounds} count={args.count}; medians of {args.rounds * args.count} calls per subject")
     return 1 if args.check and missed else 0
 

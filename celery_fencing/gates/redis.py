@@ -42,9 +42,10 @@ error of redis-py (connection refused, timeout, a command error such as
 ``WRONGTYPE``) becomes :class:`~celery_fencing.GateUnavailableError` with the
 redis-py exception chained; the time it takes is bounded by the client's
 ``socket_connect_timeout``, ``socket_timeout`` and retry policy, which the gate
-leaves to you. Note that redis-py retries a command whose reply was lost: the
-gated ``set``/``hset``/``delete`` are idempotent for one token, an ``eval`` body
-need not be.
+leaves to you (redis-py 8 retries a refused connection ten times with backoff
+by default). Note that redis-py also retries a command whose reply was lost:
+the gated ``set``/``hset``/``delete`` and ``claim`` are idempotent for one
+token, an ``eval`` body need not be.
 
 Thread and fork safety: a gate is as safe as its client; redis-py clients are
 thread-safe and reconnect after ``fork()``.
@@ -271,11 +272,12 @@ class RedisGate:
         self.prefix = prefix
         self._mark_prefix = f"{prefix}:mark:"
         self._owner_prefix = f"{prefix}:owner:"
-        # register_script only hashes the source: no I/O here. The Script objects
-        # run EVALSHA and load the source again after a NOSCRIPT (SCRIPT FLUSH,
-        # a restart, a failover to a replica that never saw the script).
-        # redis.commands.core.Script; typed Any because the installed stubs
-        # (types-redis) lack its ``sha`` and ``script`` attributes.
+        # register_script only hashes the source: no I/O here, and once per
+        # gate rather than per call. _run sends EVALSHA and loads the source
+        # again after a NOSCRIPT (SCRIPT FLUSH, a restart, a failover to a
+        # replica that never saw the script). The objects are
+        # redis.commands.core.Script, typed Any because the installed stubs
+        # (types-redis) lack their ``sha`` and ``script`` attributes.
         self._claim_script: Any = client.register_script(CLAIM_SCRIPT)
         self._set_script: Any = client.register_script(SET_SCRIPT)
         self._hset_script: Any = client.register_script(HSET_SCRIPT)
