@@ -20,16 +20,20 @@ def memory_adapter(unique_name: str) -> Iterator[GateAdapter]:
 @pytest.fixture
 def redis_adapter(redis_url: str, unique_name: str) -> Iterator[RedisAdapter]:
     adapter = RedisAdapter(AdapterSpec("redis", redis_url, unique_name))
-    yield adapter
-    adapter.drop()
-    adapter.close()
+    try:
+        yield adapter
+    finally:
+        adapter.drop()
+        adapter.close()
 
 
 def _sql_adapter(url: str, namespace: str) -> Iterator[SQLAdapter]:
     adapter = SQLAdapter(AdapterSpec("sql", url, namespace))
-    adapter.create()
-    yield adapter
-    adapter.drop()
+    try:
+        adapter.create()
+        yield adapter
+    finally:
+        adapter.drop()
 
 
 @pytest.fixture

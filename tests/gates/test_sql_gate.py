@@ -49,8 +49,10 @@ def engine(url: str) -> Iterator[sa.Engine]:
 def gate(engine: sa.Engine, unique_name: str) -> Iterator[SQLGate]:
     gate = SQLGate(engine, table=f"hw_{unique_name}")
     gate.create_schema()
-    yield gate
-    gate.table.drop(engine, checkfirst=True)
+    try:
+        yield gate
+    finally:
+        gate.table.drop(engine, checkfirst=True)
 
 
 @pytest.fixture
@@ -65,12 +67,13 @@ def accounts(engine: sa.Engine, unique_name: str) -> Iterator[sa.Table]:
         sa.Column("fence", sa.BigInteger),
     )
     table.create(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.insert(table), [{"id": 1, "balance": 100, "owner": "acct:1"}, {"id": 2, "balance": 50, "owner": None}]
-        )
-    yield table
-    table.drop(engine)
+    try:
+        with engine.begin() as conn:
+            rows = [{"id": 1, "balance": 100, "owner": "acct:1"}, {"id": 2, "balance": 50, "owner": None}]
+            conn.execute(sa.insert(table), rows)
+        yield table
+    finally:
+        table.drop(engine)
 
 
 def _balance(engine: sa.Engine, accounts: sa.Table, row: int = 1) -> tuple[int, int | None]:
