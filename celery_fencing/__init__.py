@@ -85,7 +85,8 @@ __all__ = [
     "token_source_from_url",
 ]
 
-# Names whose modules import a driver: resolved on first access (PEP 562).
+# Names whose modules import a driver: resolved on first access (PEP 562). A new
+# driver-backed name goes here, into __all__, and under TYPE_CHECKING above.
 _LAZY: dict[str, str] = {
     "FencedTask": "celery_fencing.celery.task",
     "fenced_task": "celery_fencing.celery.task",
@@ -93,8 +94,6 @@ _LAZY: dict[str, str] = {
     "RedisGate": "celery_fencing.gates.redis",
     "SQLGate": "celery_fencing.gates.sql",
     "ZooKeeperTokenSource": "celery_fencing.sources.zookeeper",
-    # "RedisGate": "celery_fencing.gates.redis", and so on: add a driver-backed name
-    # here, to __all__, and under TYPE_CHECKING above, together.
 }
 
 
