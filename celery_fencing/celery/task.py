@@ -81,6 +81,15 @@ TASK_OPTIONS = frozenset(
     }
 )
 
+#: What FencedTask keeps on ``self.request``; reset at the start of every execution.
+REQUEST_ATTRIBUTES = (
+    "fencing_token",
+    "fencing_execution",
+    "fencing_lease",
+    "fencing_resource",
+    "fencing_resource_is_task_id",
+)
+
 # Errors that mean "this execution must not go on"; the policy decides what follows.
 _FENCED_OUT = (StaleTokenError, LeaseLostError)
 
@@ -183,6 +192,11 @@ class FencedTask(Task):  # type: ignore[misc]
 
     def _start_fencing(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Execution:
         request = self.request
+        # Celery copies a message's custom headers onto the request: a producer
+        # could send fencing_token or fencing_lease headers. Nothing the message
+        # carries is trusted; the worker sets every fencing attribute itself.
+        for name in REQUEST_ATTRIBUTES:
+            setattr(request, name, None)
         settings = self._settings()
         resource = self.fencing_resource_for(args, kwargs)
         resource_is_task_id = self.fencing_resource is None
