@@ -18,7 +18,19 @@ def test_all_is_sorted_and_complete() -> None:
 def test_public_names_are_in_all() -> None:
     """Every public module-level name defined by the package root is listed in __all__."""
     public = {n for n in vars(celery_fencing) if not n.startswith("_")}
-    submodules = {"celery", "context", "exceptions", "gates", "policies", "protocols", "sources", "token"}
+    submodules = {
+        "celery",
+        "cli",
+        "context",
+        "demo",
+        "exceptions",
+        "gates",
+        "operations",
+        "policies",
+        "protocols",
+        "sources",
+        "token",
+    }
     assert public - submodules - {"annotations", "importlib", "TYPE_CHECKING", "Any"} <= set(celery_fencing.__all__)
 
 

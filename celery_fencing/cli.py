@@ -1,0 +1,235 @@
+"""The ``celery-fencing`` command: ``demo``, ``inspect`` and ``doctor``.
+
+::
+
+    celery-fencing demo                       # the paused-writer race, live, no server needed
+    celery-fencing inspect --source URL --gate URL RESOURCE...
+    celery-fencing doctor -A proj.celery:app [--json]
+
+Exit codes: 0 all good; 1 findings (doctor), failures (demo) or a resource
+whose mark is above the source's counter (inspect); 2 usage or configuration
+error (a clear message, never a traceback); 130 interrupted.
+
+Drivers (celery, kazoo, redis, sqlalchemy) are imported only by the
+subcommand that needs them, so ``import celery_fencing.cli`` pulls none in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
+
+from ._version import __version__
+from .exceptions import FencingConfigurationError
+
+__all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+
+class _UsageError(Exception):
+    """Raised by the parser instead of exiting, so main() decides how to report it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, one sub-parser per subcommand."""
+    parser = _Parser(
+        prog="celery-fencing",
+        description="Fencing tokens for Celery: see the race (demo), look at tokens and marks (inspect), "
+        "check a deployment (doctor).",
+    )
+    parser.add_argument("--version", action="version", version=f"celery-fencing {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo",
+        help="play the paused-writer race with real celery workers, fencing off then on",
+        description="Play the paused-writer race with two real celery worker processes, once without and once "
+        "with fencing, and print the timeline. With no flag it needs no server: SQLite token source and "
+        "gate, kombu's filesystem broker, Celery's file:// results. Each flag swaps in a real server.",
+    )
+    demo.add_argument("--zookeeper", metavar="HOSTS", help="ZooKeeper token source, e.g. 127.0.0.1:2181")
+    demo.add_argument("--redis", metavar="URL", help="keep the account in Redis, behind a RedisGate")
+    demo.add_argument(
+        "--postgres", metavar="URL", help="keep the account in PostgreSQL, behind a SQLGate (postgresql://...)"
+    )
+    demo.add_argument("--broker", metavar="URL", help="Celery broker URL, e.g. redis://127.0.0.1:6379/0 or amqp://")
+    demo.add_argument("--keep", action="store_true", help="keep the temp dir (worker logs, event log) for inspection")
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show resources' last token and high-water marks side by side (reads only)",
+        description="Show each RESOURCE's last token at the source and its high-water mark at each gate. "
+        "Nothing is minted or written. A mark above the source's counter means the source was reset or "
+        "is not the one the workers use: every new token would be refused (exit code 1).",
+    )
+    inspect.add_argument(
+        "--source", metavar="URL", required=True, help="token source: zookeeper://h1:2181/fencing or sqlite:///f.db"
+    )
+    inspect.add_argument(
+        "--gate",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a gate's store: redis://host:6379/0, postgresql://user@host/db, mysql://..., sqlite:///f.db (repeatable)",
+    )
+    inspect.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
+    inspect.add_argument("--sql-table", metavar="TABLE", default=None, help="SQLGate mark table (fencing_high_water)")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument("resources", metavar="RESOURCE", nargs="+", help="resource names, e.g. account:42")
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check a Celery app's fencing setup and print each finding with its fix",
+        description="Load a Celery app (like celery -A) and check its fencing setup: settings, the token "
+        "source (reachable, monotonic: it mints twice on the resource 'celery-fencing:doctor'), the gates "
+        "(reachable; Redis persistence), the result backend, the broker, and the timing settings that make "
+        "a broker re-deliver running tasks. Exit code 0: no finding; 1: findings; 2: the app cannot be loaded.",
+    )
+    doctor.add_argument("-A", "--app", metavar="APP", required=True, help="the Celery app: module or module:attr")
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def _run_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .demo.runner import DemoOptions, run_demo
+
+    options = DemoOptions(
+        zookeeper=args.zookeeper, redis=args.redis, postgres=args.postgres, broker=args.broker, keep=args.keep
+    )
+    return run_demo(options, out, err)
+
+
+def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from .operations.inspection import inspect_resources, open_peeker
+    from .operations.urls import OpenedGate, gate_from_url, redact
+
+    if not args.gate:
+        raise FencingConfigurationError("inspect needs at least one --gate URL (where the marks are kept)")
+    opened: list[OpenedGate] = []
+    peeker = None
+    try:
+        for url in args.gate:
+            opened.append(gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table))
+        peeker = open_peeker(args.source)
+        reports = inspect_resources(peeker, opened, list(args.resources))
+        source_label = peeker.description
+    finally:
+        if peeker is not None:
+            peeker.close()
+        for gate in opened:
+            gate.close()
+    failing = any(report.problems for report in reports)
+    if args.json:
+        document = {
+            "source": redact(args.source),
+            "gates": [gate.label for gate in opened],
+            "resources": [report.to_json() for report in reports],
+            "ok": not failing,
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+        return EXIT_FINDINGS if failing else EXIT_OK
+    out.write(f"source  {source_label}\n")
+    for index, gate in enumerate(opened, 1):
+        out.write(f"gate {index}  {gate.label}\n")
+    out.write("\n")
+    header = ["resource", "last token", *(f"mark @ gate {i}" for i in range(1, len(opened) + 1)), "status"]
+    rows = []
+    for report in reports:
+        if report.last_token is not None:
+            last = str(report.last_token)
+        else:
+            last = "never minted" if report.peek_supported else "cannot peek"
+        marks = ["-" if mark is None else str(mark) for _, mark in report.marks]
+        rows.append([report.resource, last, *marks, "MARK AHEAD OF SOURCE" if report.problems else "ok"])
+    out.write(_table(header, rows) + "\n")
+    notes = sorted({r.peek_note for r in reports if not r.peek_supported and r.peek_note})
+    for note in notes:
+        out.write(f"\nnote: {note}\n")
+    for report in reports:
+        for problem in report.problems:
+            out.write(f"\n{report.resource}: {problem}\n")
+    if not failing:
+        out.write("\n'-' means no mark yet: the resource was never claimed or written through that gate.\n")
+    return EXIT_FINDINGS if failing else EXIT_OK
+
+
+def _run_doctor(args: argparse.Namespace, out: TextIO) -> int:
+    from .operations.doctor import Doctor, load_app
+
+    app = load_app(args.app)
+    checks = Doctor(app).run()
+    failing = [c for c in checks if c.failing]
+    code = EXIT_FINDINGS if failing else EXIT_OK
+    counts = {status: sum(1 for c in checks if c.status == status) for status in ("ok", "note", "warning", "error")}
+    if args.json:
+        document = {
+            "app": args.app,
+            "ok": not failing,
+            "exit_code": code,
+            "counts": counts,
+            "checks": [c.to_json() for c in checks],
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+        return code
+    out.write(f"celery-fencing doctor: app {args.app!r}\n\n")
+    width = max(len(c.area) for c in checks)
+    for check in checks:
+        label = check.status.upper() if check.failing else check.status
+        out.write(f"  {label:<8} {check.area:<{width}}  {check.message}\n")
+        if check.fix and check.status != "ok":
+            out.write(f"  {'':<8} {'':<{width}}  fix: {check.fix}\n")
+    summary = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['note']} note(s)"
+    verdict = "findings to fix" if failing else "no finding"
+    out.write(f"\n{verdict}: {summary}\n")
+    return code
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * width for width in widths))
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the command line; return the exit code (the console script exits with it)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    parser = build_parser()
+    # The commands report driver failures themselves; kazoo would also log each reconnect attempt.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(err)
+            return EXIT_USAGE
+        if args.command == "demo":
+            return _run_demo(args, out, err)
+        if args.command == "inspect":
+            return _run_inspect(args, out)
+        if args.command == "doctor":
+            return _run_doctor(args, out)
+        raise _UsageError(f"unknown command {args.command!r}")
+    except _UsageError as exc:
+        err.write(f"{exc}\n")
+        return EXIT_USAGE
+    except FencingConfigurationError as exc:
+        err.write(f"celery-fencing: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.write("interrupted\n")
+        return 130

@@ -1,0 +1,226 @@
+"""``celery-fencing inspect``: a resource's last token and its high-water marks, side by side.
+
+Nothing is minted, claimed or written. The last token is *peeked* where the
+source allows it:
+
+* SQLite: the counter row, read from the file opened read-only;
+* ZooKeeper: the ``mzxid`` of the resource's token znode (``<root>/tokens/<name>``),
+  which is exactly the last token minted for it;
+* memory: not possible from outside its process, and said so.
+
+A mark above the source's last token is the one alarming reading: the source
+was reset (a deleted SQLite file, a ZooKeeper ensemble that lost its data
+directory) or points at the wrong place, and every new token will be refused
+until the source catches up. It is reported as a finding (exit code 1).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, quote, urlsplit
+
+from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
+from ..token import validate_resource
+from .urls import OpenedGate, redact
+
+__all__ = ["Peek", "ResourceReport", "inspect_resources", "open_peeker"]
+
+
+@dataclass(frozen=True)
+class Peek:
+    """The last token minted for a resource, as far as the source lets us see it.
+
+    ``value`` is ``None`` when nothing was minted for the resource yet, or when
+    ``supported`` is false (the source cannot be read without minting).
+    """
+
+    value: int | None
+    supported: bool = True
+    note: str = ""
+
+
+class Peeker(Protocol):
+    description: str
+
+    def peek(self, resource: str) -> Peek: ...
+
+    def close(self) -> None: ...
+
+
+class SQLitePeeker:
+    """Reads the counters of a SQLite token source, read-only."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.netloc:
+            raise FencingConfigurationError(
+                f"sqlite:// takes no host: write sqlite:///relative/path.db or sqlite:////absolute/path.db, got {url!r}"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise FencingConfigurationError(f"sqlite:// URL {url!r} names no database file")
+        unknown = sorted(set(dict(parse_qsl(parts.query))) - {"timeout"})
+        if unknown:
+            raise FencingConfigurationError(f"unknown parameter(s) {', '.join(unknown)} in {url!r}")
+        if not Path(path).is_file():
+            raise FencingConfigurationError(
+                f"token database {path!r} does not exist: nothing was minted there, or the path is wrong"
+            )
+        self.description = f"SQLite token file {path}"
+        try:
+            self._conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
+            self._conn.execute("SELECT resource, value FROM fencing_tokens LIMIT 0")
+        except sqlite3.Error as exc:
+            raise FencingConfigurationError(f"{path!r} is not a readable token database: {exc}") from exc
+
+    def peek(self, resource: str) -> Peek:
+        row = self._conn.execute("SELECT value FROM fencing_tokens WHERE resource = ?", (resource,)).fetchone()
+        if row is None:
+            return Peek(None, note="never minted")
+        return Peek(int(row[0]))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class ZooKeeperPeeker:
+    """Reads the ``mzxid`` of token znodes: the last token minted, without minting."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            from kazoo.client import KazooClient
+
+            from ..sources.zookeeper import ZooKeeperTokenSource
+        except ImportError as exc:
+            raise FencingConfigurationError(
+                f"zookeeper:// needs kazoo: pip install 'celery-fencing[zookeeper]' ({exc})"
+            ) from exc
+        source = ZooKeeperTokenSource.from_url(url)  # validates the URL; never connected
+        self.hosts = source.hosts or ""
+        self.root = source.root
+        self.timeout = source.timeout
+        source.close()
+        self.description = f"ZooKeeper {self.hosts}{self.root}"
+        self._client = KazooClient(hosts=self.hosts, timeout=self.timeout)
+        try:
+            self._client.start(timeout=self.timeout)
+        except Exception as exc:
+            self._client.close()
+            raise FencingConfigurationError(
+                f"cannot reach ZooKeeper at {self.hosts} within {self.timeout:g}s: {exc}"
+            ) from exc
+
+    def peek(self, resource: str) -> Peek:
+        from ..sources.zookeeper import resource_to_znode_name
+
+        path = f"{self.root}/tokens/{resource_to_znode_name(resource)}"
+        stat = self._client.exists_async(path).get(timeout=self.timeout)
+        if stat is None:
+            return Peek(None, note="never minted")
+        return Peek(int(stat.mzxid))
+
+    def close(self) -> None:
+        try:
+            self._client.stop()
+        finally:
+            self._client.close()
+
+
+class UnpeekablePeeker:
+    """A source whose counter cannot be read from outside (memory://)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.description = redact(url)
+        self.reason = reason
+
+    def peek(self, resource: str) -> Peek:
+        return Peek(None, supported=False, note=self.reason)
+
+    def close(self) -> None:
+        pass
+
+
+def open_peeker(url: str) -> Peeker:
+    """A read-only view of the token source *url*.
+
+    :raises FencingConfigurationError: malformed URL, unknown scheme, missing
+        database file, unreachable server.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise FencingConfigurationError(
+            f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        return SQLitePeeker(url)
+    if scheme == "zookeeper":
+        return ZooKeeperPeeker(url)
+    if scheme == "memory":
+        return UnpeekablePeeker(url, "memory:// lives inside one process: its counter cannot be read from here")
+    raise FencingConfigurationError(
+        f"unknown token source scheme {scheme!r} in {redact(url)!r}; known schemes: memory, sqlite, zookeeper"
+    )
+
+
+@dataclass
+class ResourceReport:
+    """One resource: its last token, its mark at each gate, and what is wrong, if anything."""
+
+    resource: str
+    last_token: int | None
+    peek_supported: bool
+    peek_note: str
+    marks: list[tuple[str, int | None]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "last_token": self.last_token,
+            "peek_supported": self.peek_supported,
+            "peek_note": self.peek_note,
+            "marks": [{"gate": gate, "high_water": mark} for gate, mark in self.marks],
+            "problems": self.problems,
+        }
+
+
+def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[str]) -> list[ResourceReport]:
+    """Read every resource's last token and marks.
+
+    :raises FencingConfigurationError: a bad resource name, or a server that
+        could not be read (naming it).
+    """
+    for resource in resources:
+        try:
+            validate_resource(resource)
+        except InvalidTokenError as exc:
+            raise FencingConfigurationError(f"bad resource name {resource!r}: {exc}") from exc
+    reports = []
+    for resource in resources:
+        try:
+            peek = peeker.peek(resource)
+        except FencingError:
+            raise
+        except Exception as exc:
+            raise FencingConfigurationError(f"cannot read {peeker.description}: {exc}") from exc
+        report = ResourceReport(resource, peek.value, peek.supported, peek.note)
+        for opened in gates:
+            try:
+                mark = opened.gate.high_water(resource)
+            except FencingError as exc:
+                hint = ""
+                if opened.kind == "sql" and ("does not exist" in str(exc) or "no such table" in str(exc)):
+                    hint = " (wrong --sql-table? the gate's table is made by SQLGate.create_schema())"
+                raise FencingConfigurationError(f"cannot read the mark at {opened.label}: {exc}{hint}") from exc
+            report.marks.append((opened.label, mark))
+            if mark is not None and peek.supported and (peek.value is None or mark > peek.value):
+                last = "no token was ever minted" if peek.value is None else f"the last token minted is {peek.value}"
+                report.problems.append(
+                    f"mark {mark} at {opened.label} is above the source's counter ({last}): the source was reset "
+                    "or is not the one the workers use; every new token is refused until it passes the mark"
+                )
+        reports.append(report)
+    return reports
