@@ -107,6 +107,8 @@ _KEPT = ":@+=,!"
 _RESERVED = frozenset({".", "..", "zookeeper"})
 _LEASE_MARKER = "-lease-"
 _DEFAULT_PORT = 2181
+# How many token znodes a source remembers having written (see ZooKeeperTokenSource._known).
+_KNOWN_PATHS = 10_000
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
 
 
@@ -376,6 +378,9 @@ class ZooKeeperTokenSource:
         self._orphans: set[tuple[str, str]] = set()
         self._listener: Callable[[str], None] | None = None
         self._state_listeners: list[Callable[[str], object]] = []
+        # Token znodes this process wrote (oldest first, bounded): minted with setData
+        # first; others with create first. Only a hint: a wrong guess costs one request.
+        self._known: dict[str, None] = {}
         if client is not None:
             self._attach(client)
         _instances.add(self)
@@ -456,6 +461,11 @@ class ZooKeeperTokenSource:
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint a token for *resource*: the zxid of one write to its znode.
 
+        The write is a ``setData`` on the resource's znode, or, for a resource
+        this process has not minted for yet (a task id, typically), the
+        ``create`` of that znode, whose zxid serves as well; the other is
+        tried only when ZooKeeper says the znode is missing or already exists.
+
         Thread-safe; returns within *timeout* seconds (default: the
         constructor's) or raises.
 
@@ -464,26 +474,13 @@ class ZooKeeperTokenSource:
             lost, ZooKeeper did not answer in time, the source is closed.
         :raises FencingConfigurationError: a caller's client crossed ``fork()``.
         """
-        validate_resource(resource)
-        deadline = self._deadline(timeout)
-        client = self._usable_client(resource)
-        path = self._token_path(resource)
-        try:
-            stat = self._request(
-                client, lambda: client.set_async(path, b""), deadline, resource, "setData", NoNodeError
-            )
-        except NoNodeError:
-            # The first token of a resource (or its znode was deleted): create, then write.
-            self._create_path(client, path, deadline, resource)
-            stat = self._request(client, lambda: client.set_async(path, b""), deadline, resource, "setData")
-        return self._token_from(resource, stat)
+        return self.mint_many((resource,), timeout=timeout)[0]
 
     def mint_many(self, resources: Iterable[str], *, timeout: float | None = None) -> list[FencingToken]:
         """Mint one token for each of *resources*, pipelined: every write is sent before any reply is awaited.
 
         Each token is still the zxid of one write of its own (``setData``, or
-        the ``create`` that makes a resource's znode the first time), exactly
-        as :meth:`mint` would give; only the waiting is shared, so N tokens
+        the ``create`` of a resource's znode), exactly as :meth:`mint` gives; only the waiting is shared, so N tokens
         cost about one round trip and the server's group commit instead of N
         round trips. Tokens come back in the order of *resources*; a resource
         named twice gets two tokens, the later one larger (ZooKeeper runs one
@@ -506,37 +503,40 @@ class ZooKeeperTokenSource:
             return []
         client = self._usable_client(names[0])
         paths = [self._token_path(name) for name in names]
-        self._await_connected(client, deadline, names[0])
+        known = self._known
+        # A znode this process has written exists (unless pruned since): setData. Any
+        # other is most likely new: create it, its create being the one write.
+        creating = [path not in known for path in paths]
         stats: list[Any] = [None] * len(names)
-        sent = []
-        for index, path in enumerate(paths):
-            self._require_connected(client, names[index])
-            sent.append((index, client.set_async(path, b"")))
-        missing = []
-        for index, async_result in sent:
-            try:
-                stats[index] = self._collect(client, async_result, deadline, names[index], "setData", NoNodeError)
-            except NoNodeError:
-                missing.append(index)
-        if missing:
-            # First tokens of new resources (or znodes pruned meanwhile): the create is the write,
-            # and its zxid the token. A create that lost a race to another minter falls back to setData.
-            created = []
-            for index in missing:
+        pending = list(range(len(names)))
+        for _ in range(3):
+            self._await_connected(client, deadline, names[pending[0]])
+            sent = []
+            for index in pending:
                 self._require_connected(client, names[index])
-                created.append((index, client.create_async(paths[index], b"", makepath=True, include_data=True)))
-            taken = []
-            for index, async_result in created:
+                if creating[index]:
+                    request = client.create_async(paths[index], b"", makepath=True, include_data=True)
+                else:
+                    request = client.set_async(paths[index], b"")
+                sent.append((index, request))
+            pending = []
+            for index, request in sent:
+                what = "create" if creating[index] else "setData"
                 try:
-                    _, stats[index] = self._collect(
-                        client, async_result, deadline, names[index], "create", NodeExistsError
-                    )
-                except NodeExistsError:
-                    self._require_connected(client, names[index])
-                    taken.append((index, client.set_async(paths[index], b"")))
-            for index, async_result in taken:
-                stats[index] = self._collect(client, async_result, deadline, names[index], "setData")
-        return [self._token_from(name, stat) for name, stat in zip(names, stats, strict=True)]
+                    reply = self._collect(client, request, deadline, names[index], what, NoNodeError, NodeExistsError)
+                except (NoNodeError, NodeExistsError) as exc:
+                    # Created by another minter meanwhile, or pruned: the other write will do.
+                    creating[index] = isinstance(exc, NoNodeError)
+                    pending.append(index)
+                    continue
+                stats[index] = reply[1] if creating[index] else reply
+                self._remember(paths[index])
+            if not pending:
+                return [self._token_from(name, stat) for name, stat in zip(names, stats, strict=True)]
+        raise TokenUnavailableError(
+            f"the znode of {names[pending[0]]!r} kept being created and deleted while minting",
+            resource=names[pending[0]],
+        )
 
     def prune(self, older_than: float, *, timeout: float | None = None, window: int = 1000) -> int:
         """Delete the znodes of resources not minted for *older_than* seconds; return how many went.
@@ -595,6 +595,8 @@ class ZooKeeperTokenSource:
             )
             if outcome is True
         ]
+        for name in pruned:
+            self._known.pop(f"{tokens_dir}/{name}", None)
         # Empty lock directories of the pruned resources; one with a holder or waiter is refused.
         for _ in self._pipelined(
             client,
@@ -838,6 +840,14 @@ class ZooKeeperTokenSource:
             else:
                 message = f"ZooKeeper {what} failed ({self._where()}): {type(exc).__name__}: {exc}"
             raise TokenUnavailableError(message, resource=resource) from exc
+
+    def _remember(self, path: str) -> None:
+        known = self._known
+        if path not in known:
+            if len(known) >= _KNOWN_PATHS:
+                with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                    del known[next(iter(known))]
+            known[path] = None
 
     def _collect(
         self,

@@ -138,13 +138,14 @@ def test_tricky_resources_each_get_their_own_znode(
 
 
 def test_token_is_the_mzxid_of_the_write(make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient) -> None:
-    """The token is the mzxid ZooKeeper recorded for the write, and each mint is exactly one setData."""
+    """The token is the mzxid ZooKeeper recorded for the write, and each mint is exactly one write:
+    the create of the znode for a resource's first token, one setData for each later one."""
     source = make_source()
-    for _ in range(3):
-        token = source.mint("acct:1")
+    tokens = [source.mint("acct:1") for _ in range(3)]
     _, stat = admin.get(f"{source.root}/tokens/acct:1")
-    assert token.value == stat.mzxid
-    assert stat.version == 3  # created empty, then one setData per mint
+    assert tokens[0].value == stat.czxid
+    assert tokens[-1].value == stat.mzxid
+    assert stat.version == 2  # created by the first mint, then one setData per mint
 
 
 def test_recreated_znode_still_mints_higher(

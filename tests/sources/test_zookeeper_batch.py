@@ -124,3 +124,17 @@ def test_prune_of_an_empty_root_and_bad_arguments(source: ZooKeeperTokenSource) 
         source.prune(older_than=-1)
     with pytest.raises(FencingConfigurationError):
         source.prune(older_than=1, window=0)
+
+
+def test_first_mint_in_a_process_falls_back_from_create_to_set_data(
+    source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, inspector: KazooClient
+) -> None:
+    """A source that never wrote a resource's znode tries create first; the znode existing, it writes setData."""
+    first = source.mint("shared")
+    with ZooKeeperTokenSource(zookeeper_server.hosts, root=source.root, timeout=10) as other:
+        second = other.mint("shared")
+        third, fourth = other.mint_many(["shared", "shared"])
+    stat = inspector.exists(f"{source.root}/tokens/shared")
+    assert stat is not None
+    assert first.value == stat.czxid < second.value < third.value < fourth.value == stat.mzxid
+    assert stat.version == 3, "one create, then one setData per later token"
