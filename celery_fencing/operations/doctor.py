@@ -77,7 +77,10 @@ def load_app(spec: str) -> Any:
             f"cannot load the app {spec!r}: no module named {exc.name!r} (run from your project directory, "
             "or put it on PYTHONPATH)"
         ) from exc
-    except (ImportError, AttributeError) as exc:
+    except AttributeError as exc:
+        hint = "" if ":" in spec else " (no attribute 'app' or 'celery' in it: name the app, -A module:attribute)"
+        raise FencingConfigurationError(f"cannot load the app {spec!r}: {exc}{hint}") from exc
+    except ImportError as exc:
         raise FencingConfigurationError(f"cannot load the app {spec!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise FencingConfigurationError(
@@ -347,8 +350,13 @@ class Doctor:
                     "gates",
                     "error",
                     f"{label} (used by {_join(users)}) cannot be read: {exc}",
-                    "check the server and credentials; for a SQLGate create the mark table "
-                    "(gate.create_schema(), or high_water_table() in your migrations)",
+                    "check that the server runs and the URL and credentials are right"
+                    + (
+                        "; create the mark table if it is missing (gate.create_schema(), or high_water_table() "
+                        "in your migrations)"
+                        if type(gate).__name__ == "SQLGate"
+                        else ""
+                    ),
                 )
                 continue
             self.add("gates", "ok", f"{label} answers (used by {_join(users)})")
@@ -485,24 +493,26 @@ class Doctor:
                     f"every acks_late task has a time limit below the visibility_timeout ({vt:g}s, {origin})",
                 )
             delays = self._retry_delays(settings, fenced, user_tasks)
-            if delays:
+            too_long = sorted((d for d in delays if d[0] >= vt), reverse=True)
+            if too_long:
+                listed = "; ".join(f"{who}: {delay:g}s" for delay, who in too_long[:5])
+                more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+                self.add(
+                    "timing",
+                    "warning",
+                    f"retry delays not below the visibility_timeout ({vt:g}s): {listed}{more}. A message waiting "
+                    f"for its ETA/countdown stays unacknowledged on {scheme}, so the broker re-delivers it and the "
+                    "task runs twice",
+                    f"keep retry delays below {vt:g}s (fencing_retry_max_delay, default_retry_delay, "
+                    "retry_backoff_max), or raise the visibility_timeout above the longest delay",
+                )
+            elif delays:
                 longest, who = max(delays)
-                if longest >= vt:
-                    self.add(
-                        "timing",
-                        "warning",
-                        f"{who} can wait {longest:g}s before running again, not below the visibility_timeout "
-                        f"({vt:g}s): a message waiting for its ETA/countdown stays unacknowledged on {scheme}, "
-                        "so the broker re-delivers it and the task runs twice",
-                        f"keep retry delays below {vt:g}s (fencing_retry_max_delay, default_retry_delay, "
-                        "retry_backoff_max), or raise the visibility_timeout above the longest delay",
-                    )
-                else:
-                    self.add(
-                        "timing",
-                        "ok",
-                        f"the longest retry delay ({longest:g}s, {who}) is below the visibility_timeout ({vt:g}s)",
-                    )
+                self.add(
+                    "timing",
+                    "ok",
+                    f"the longest retry delay ({longest:g}s, {who}) is below the visibility_timeout ({vt:g}s)",
+                )
             self.add(
                 "timing",
                 "note",
@@ -527,14 +537,14 @@ class Doctor:
             for task in fenced:
                 own = _seconds(getattr(task, "fencing_retry_max_delay", None))
                 delay = own or settings.retry_max_delay
-                delays.append((delay, f"fenced task {task.name} (fencing_retry_max_delay)"))
+                delays.append((delay, f"{task.name} (fencing_retry_max_delay)"))
         for task in tasks:
             default = _seconds(getattr(task, "default_retry_delay", None))
             if default:
-                delays.append((default, f"task {task.name} (default_retry_delay)"))
+                delays.append((default, f"{task.name} (default_retry_delay, for self.retry() without countdown)"))
             if getattr(task, "autoretry_for", None) and getattr(task, "retry_backoff", False):
                 cap = _seconds(getattr(task, "retry_backoff_max", 600)) or 600.0
-                delays.append((cap, f"task {task.name} (retry_backoff_max)"))
+                delays.append((cap, f"{task.name} (retry_backoff_max)"))
         return delays
 
 
