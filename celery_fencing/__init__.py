@@ -47,10 +47,12 @@ if TYPE_CHECKING:
     from .celery.worker import install
     from .gates.redis import RedisGate
     from .gates.sql import SQLGate
+    from .sources.etcd import EtcdTokenSource
     from .sources.zookeeper import ZooKeeperTokenSource
 
 __all__ = [
     "Decision",
+    "EtcdTokenSource",
     "ExponentialBackoff",
     "FencedTask",
     "FencingConfigurationError",
@@ -91,6 +93,7 @@ _LAZY: dict[str, str] = {
     "FencedTask": "celery_fencing.celery.task",
     "fenced_task": "celery_fencing.celery.task",
     "install": "celery_fencing.celery.worker",
+    "EtcdTokenSource": "celery_fencing.sources.etcd",
     "RedisGate": "celery_fencing.gates.redis",
     "SQLGate": "celery_fencing.gates.sql",
     "ZooKeeperTokenSource": "celery_fencing.sources.zookeeper",

@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.services",
     "tests.fixtures.zookeeper",
+    # After zookeeper: it shares that module's port and process helpers.
+    "tests.fixtures.etcd",
 ]

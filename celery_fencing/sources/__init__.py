@@ -4,14 +4,16 @@
 URL                                        source
 =========================================  =======================================
 ``zookeeper://h1:2181,h2:2181/root``       :class:`ZooKeeperTokenSource` (production)
+``etcd://h1:2379,h2:2379/prefix``          :class:`EtcdTokenSource` (production)
 ``sqlite:///relative/tokens.db``           :class:`SQLiteTokenSource` (one host)
 ``sqlite:////absolute/tokens.db``
 ``memory://``                              :class:`MemoryTokenSource` (unit tests)
 =========================================  =======================================
 
-Query parameters: ``timeout`` (seconds, every source), and for ZooKeeper
-``session_timeout`` (seconds). Driver modules are imported only when their
-scheme is used, so ``import celery_fencing`` pulls in no driver.
+Query parameters: ``timeout`` (seconds, every source), for ZooKeeper
+``session_timeout`` (seconds), for etcd ``lease_ttl`` (seconds) and
+``cluster_id``. Driver modules are imported only when their scheme is used,
+so ``import celery_fencing`` pulls in no driver.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from ..exceptions import FencingConfigurationError
 from ..protocols import TokenSource
 
 if TYPE_CHECKING:
+    from .etcd import EtcdTokenSource
     from .memory import MemoryTokenSource
     from .sqlite import SQLiteTokenSource
     from .zookeeper import ZooKeeperTokenSource
 
-__all__ = ["MemoryTokenSource", "SQLiteTokenSource", "ZooKeeperTokenSource", "token_source_from_url"]
+__all__ = ["EtcdTokenSource", "MemoryTokenSource", "SQLiteTokenSource", "ZooKeeperTokenSource", "token_source_from_url"]
 
-SCHEMES = ("memory", "sqlite", "zookeeper")
+SCHEMES = ("etcd", "memory", "sqlite", "zookeeper")
 
 
 def _parse_seconds(url: str, name: str, raw: str) -> float:
@@ -55,6 +58,11 @@ def token_source_from_url(url: str) -> TokenSource:
         )
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    if scheme == "etcd":
+        # No driver to import: the etcd source speaks HTTP with the standard library.
+        from .etcd import EtcdTokenSource
+
+        return EtcdTokenSource.from_url(url)
     try:
         params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
     except ValueError as exc:
@@ -100,6 +108,10 @@ def token_source_from_url(url: str) -> TokenSource:
 
 def __getattr__(name: str) -> object:
     # Lazy re-exports, so naming a source class never imports another's driver.
+    if name == "EtcdTokenSource":
+        from .etcd import EtcdTokenSource
+
+        return EtcdTokenSource
     if name == "MemoryTokenSource":
         from .memory import MemoryTokenSource
 

@@ -1,4 +1,4 @@
-"""Harness fixtures for every kind of token source: embedded (memory, SQLite) and ZooKeeper."""
+"""Harness fixtures for every kind of token source: embedded (memory, SQLite), ZooKeeper and etcd."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.etcd import EtcdCluster, EtcdServer
 from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 from .harness import SourceHarness
@@ -82,3 +83,44 @@ def zookeeper_ensemble_harness(zookeeper_ensemble: ZooKeeperEnsemble, unique_nam
         harness.close_all()
         for node in zookeeper_ensemble.nodes:
             node.resume()
+
+
+@pytest.fixture
+def etcd_harness(etcd_server: EtcdServer, unique_name: str) -> Iterator[SourceHarness]:
+    """The single member; restart is stop + start on the same data directory."""
+    harness = SourceHarness("etcd", etcd_server.url(f"/{unique_name}"))
+
+    def make_unavailable() -> str:
+        # The member the URL names goes away; the next test's fixture starts it again.
+        etcd_server.member.stop()
+        return harness.url
+
+    harness.restart = etcd_server.restart
+    harness.make_unavailable = make_unavailable
+    yield harness
+    harness.close_all()
+
+
+@pytest.fixture
+def etcd_cluster_harness(etcd_cluster: EtcdCluster, unique_name: str) -> Iterator[SourceHarness]:
+    """The 3-member cluster; restart is kill -9 of the current leader, and minting goes on after re-election."""
+    harness = SourceHarness("etcd_cluster", etcd_cluster.url(f"/{unique_name}"))
+
+    def restart() -> None:
+        # The killed member stays down for the rest of the test: two of three keep quorum.
+        etcd_cluster.kill_leader()
+
+    def make_unavailable() -> str:
+        # SIGSTOP every member: connects succeed, nothing ever answers.
+        for member in etcd_cluster.members:
+            member.pause()
+        return harness.url
+
+    harness.restart = restart
+    harness.make_unavailable = make_unavailable
+    try:
+        yield harness
+    finally:
+        harness.close_all()
+        for member in etcd_cluster.members:
+            member.resume()

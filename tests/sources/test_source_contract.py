@@ -17,7 +17,7 @@ from celery_fencing import FencingConfigurationError, FencingToken, TokenUnavail
 
 from .harness import SourceHarness, mint_many
 
-SOURCE_KINDS = ["memory", "sqlite", "zookeeper", "zookeeper_ensemble"]
+SOURCE_KINDS = ["memory", "sqlite", "zookeeper", "zookeeper_ensemble", "etcd", "etcd_cluster"]
 
 
 @pytest.fixture(params=SOURCE_KINDS)

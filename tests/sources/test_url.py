@@ -31,7 +31,7 @@ def test_sqlite_absolute_and_relative(tmp_path: Path, monkeypatch: pytest.Monkey
         ("", "token source URL"),
         (None, "token source URL"),
         ("tokens.db", "token source URL"),
-        ("etcd://h:2379", "unknown token source scheme 'etcd'"),
+        ("consul://h:8500", "unknown token source scheme 'consul'"),
         ("sqlite://host/x.db", "takes no host"),
         ("sqlite:///", "names no database file"),
         ("sqlite:///x.db?timeout=-1", "timeout='-1'"),
