@@ -1,0 +1,1 @@
+"""An inventory counter on Redis: ``python -m examples.inventory`` (see tasks.py)."""
