@@ -19,6 +19,57 @@ gone (session expired, node deleted) can never mint. The lock is for
 efficiency; the token stays the safety: a holder that is paused and loses its
 lock still carries a token lower than its successor's, and the gates refuse it.
 
+Lock-delay
+----------
+For sinks that cannot check a token (an e-mail or payment API, an
+append-only log), ``lock_delay`` (Chubby's lock-delay) keeps a resource
+un-grantable for that many seconds after its holder *failed* (session expired,
+worker killed, lock node deleted under it), so that a holder that is merely
+slow, or requests it already sent, have that long to finish before the next
+holder starts. A clean release re-grants at once. It narrows the window; it
+cannot close it: a holder paused for longer than the session timeout plus the
+delay still writes after its successor started. Only a gate closes that.
+
+The state lives in ZooKeeper, in a per-resource *holder record*
+``<root>/holders/<name>`` (a small JSON document), so it survives the restart
+of whichever worker would take the lease next:
+
+* **Acquire.** Every exclusive lease, with or without a delay of its own,
+  records itself as ``held`` (its lock node's name) with a multi-op
+  ``[check(own lock node), setData(record)]`` once it is first in the queue.
+* **Release.** A clean release is one multi-op ``[setData(record, released),
+  delete(own lock node)]``: the lock is never free with the record still
+  saying ``held``, and a holder whose lock node is already gone (it lost the
+  lease) cannot mark anything. Every other way a lock node goes (session
+  expiry, deletion, a release that could not reach ZooKeeper, ``close()``
+  with leases held) leaves ``held`` behind: it counts as a failure.
+* **Failure found.** An acquirer that is first in the queue and finds
+  ``held`` with another lock node's name knows that holder failed: it writes
+  ``failed`` (again under ``check(own lock node)``). The ``mtime`` of that
+  write, the leader's clock, is when the delay starts.
+* **Waiting.** It waits until ZooKeeper's time is at least that ``mtime``
+  plus the delay, asking for "now" with a write of its own (``setData`` on
+  ``<root>/clock``, whose ``mtime`` is the server's time) after sleeping the
+  remainder locally: local clocks only time the sleeps, never decide the
+  grant. An acquirer that dies, or times out, while waiting leaves ``failed``
+  in place, so the next one (a restarted worker, say) continues the same
+  countdown from the recorded ``mtime`` instead of starting afresh or
+  forgetting it. When the remaining delay exceeds the lease's timeout, the
+  acquirer raises at once rather than holding its queue place in vain.
+* **Granted.** It overwrites the record with its own ``held`` (conditional
+  on the version it read) and mints as usual.
+
+Limits, stated plainly: the delay counts from when the next acquirer finds
+the failure (never earlier; an idle resource pays the full delay on its next
+lease), and a worker killed with ``kill -9`` keeps its lock until its session
+expires, so the resource is held for the session timeout *plus* the delay.
+The delay is the acquirer's setting, measured on the ZooKeeper leader's wall
+clock: a leader change to a server whose clock is behind (ahead) lengthens
+(shortens) it by the skew. A record left by an older version of this library
+that wrote none is absent, and absent means "no failure known". Cost: one
+``getData`` and one multi-op more per lease with a delay, one multi-op more
+per lease without; releases cost what they did.
+
 Error handling
 --------------
 No call can hang: every ZooKeeper request is sent with ``*_async`` and awaited
@@ -59,6 +110,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import os
@@ -106,6 +158,7 @@ _KEPT = ":@+=,!"
 # top level; our names never sit at the top, but refusing it everywhere is simpler.
 _RESERVED = frozenset({".", "..", "zookeeper"})
 _LEASE_MARKER = "-lease-"
+_HOLDER_STATES = frozenset({"held", "released", "failed"})
 _DEFAULT_PORT = 2181
 # How many token znodes a source remembers having written (see ZooKeeperTokenSource._known).
 _KNOWN_PATHS = 10_000
@@ -167,6 +220,12 @@ def _validate_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+def _validate_lock_delay(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise FencingConfigurationError(f"lock_delay must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
 def _validate_hosts(hosts: object, url: str | None = None) -> str:
     where = f" in {url!r}" if url is not None else ""
     if not isinstance(hosts, str) or not hosts.strip():
@@ -189,6 +248,28 @@ def _lease_sequence(name: str) -> int | None:
         return int(digits)
     except ValueError:
         return None
+
+
+def _holder_record(state: str, lock: str, holder: str) -> bytes:
+    """A holder record: ``held``, ``released`` or ``failed``, the lock node's name and who held it."""
+    return json.dumps({"state": state, "lock": lock, "holder": holder}, separators=(",", ":")).encode()
+
+
+def _read_holder_record(data: bytes) -> tuple[str, str]:
+    """Return ``(state, lock)`` of a holder record; ``("", "")`` for an empty (never written) one.
+
+    Anything unreadable counts as ``held`` by an unknown holder: when in doubt, delay.
+    """
+    if not data:
+        return "", ""
+    try:
+        record = json.loads(data)
+        state, lock = record["state"], record["lock"]
+    except (ValueError, TypeError, KeyError):
+        return "held", "?"
+    if state not in _HOLDER_STATES or not isinstance(lock, str):
+        return "held", "?"
+    return str(state), lock
 
 
 # Sources that build their own client, reset in a forked child before any of its threads run.
@@ -231,6 +312,12 @@ class Lease:
         self._callbacks: list[Callable[[Lease], object]] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        #: Seconds of ZooKeeper time this lease waited for a lock-delay before it
+        #: was granted (0.0 when the previous holder released cleanly, or no delay applied).
+        self.lock_delay_waited = 0.0
+        # Whether the holder record says this lease holds the resource (a clean
+        # release then marks it released).
+        self._recorded = False
 
     @property
     def token(self) -> FencingToken:
@@ -342,6 +429,9 @@ class ZooKeeperTokenSource:
     :param session_timeout: the ZooKeeper session timeout asked for by a client
         the source builds. A session that loses contact for this long expires
         and its locks go to the next holder.
+    :param lock_delay: default seconds an exclusive resource stays un-grantable
+        after its holder failed rather than released it (see "Lock-delay" in the
+        module docstring); 0 (the default) turns it off. ``lease()`` can override it.
     :raises FencingConfigurationError: for bad arguments.
     """
 
@@ -355,6 +445,7 @@ class ZooKeeperTokenSource:
         client: KazooClient | None = None,
         timeout: float = 5.0,
         session_timeout: float = 10.0,
+        lock_delay: float = 0.0,
     ) -> None:
         if (hosts is None) == (client is None):
             raise FencingConfigurationError("ZooKeeperTokenSource needs exactly one of hosts= or client=")
@@ -362,6 +453,7 @@ class ZooKeeperTokenSource:
         self.root = _validate_root(root)
         self.timeout = _validate_seconds("timeout", timeout)
         self.session_timeout = _validate_seconds("session_timeout", session_timeout)
+        self.lock_delay = _validate_lock_delay(lock_delay)
         self._owns_client = client is None
         self._client: Any = client
         self._pid = os.getpid()
@@ -613,7 +705,7 @@ class ZooKeeperTokenSource:
         return len(pruned)
 
     @contextlib.contextmanager
-    def lease(self, resource: str, *, timeout: float | None = None) -> Iterator[Lease]:
+    def lease(self, resource: str, *, timeout: float | None = None, lock_delay: float | None = None) -> Iterator[Lease]:
         """Hold the resource's ZooKeeper lock, with a token minted under it.
 
         ::
@@ -623,20 +715,31 @@ class ZooKeeperTokenSource:
                 ...
                 lease.check()       # raises LeaseLostError once lost
 
-        Waiting for the lock, taking it and minting take at most *timeout*
-        seconds together (default: the constructor's). Leaving the block
-        releases the lock; it never raises because the lease was lost.
+        Waiting for the lock, waiting out a lock-delay, taking the lock and
+        minting take at most *timeout* seconds together (default: the
+        constructor's). Leaving the block releases the lock cleanly (the next
+        holder is granted at once); it never raises because the lease was lost.
+
+        *lock_delay* (default: the constructor's) is how long the resource
+        stays un-grantable after a previous holder failed instead of releasing
+        it, measured on ZooKeeper's clock from when the failure was found; see
+        "Lock-delay" in the module docstring. A wait longer than what is left
+        of *timeout* raises at once; the countdown is recorded in ZooKeeper and
+        the next attempt (from any process) continues it.
 
         :raises TokenUnavailableError: the lock was not obtained within
-            *timeout*, or ZooKeeper is unreachable; no lock is left behind.
+            *timeout* (or the lock-delay outlasts it), or ZooKeeper is
+            unreachable; no lock is left behind.
+        :raises FencingConfigurationError: *lock_delay* is negative or not a number.
         """
         validate_resource(resource)
+        delay = self.lock_delay if lock_delay is None else _validate_lock_delay(lock_delay)
         deadline = self._deadline(timeout)
         client = self._usable_client(resource)
         if self._orphans:
             # Our own leftover lock node could be ahead of us in the queue.
             self._clean_orphans(client, deadline)
-        lease = self._acquire(client, resource, deadline)
+        lease = self._acquire(client, resource, deadline, delay)
         try:
             yield lease
         finally:
@@ -923,9 +1026,12 @@ class ZooKeeperTokenSource:
     def _lock_dir(self, resource: str) -> str:
         return f"{self.root}/locks/{resource_to_znode_name(resource)}"
 
+    def _holder_path(self, resource: str) -> str:
+        return f"{self.root}/holders/{resource_to_znode_name(resource)}"
+
     # Exclusive mode ------------------------------------------------------------
 
-    def _acquire(self, client: Any, resource: str, deadline: float) -> Lease:
+    def _acquire(self, client: Any, resource: str, deadline: float, lock_delay: float = 0.0) -> Lease:
         lock_dir = self._lock_dir(resource)
         # A unique prefix finds our node again if a create's reply is lost, and keeps
         # lock paths unique even if the lock directory is deleted and re-created.
@@ -951,6 +1057,7 @@ class ZooKeeperTokenSource:
                     f"lease on {resource!r} was lost while being taken: {lease.lost_reason}", resource=resource
                 )
             try:
+                self._take_holder_record(client, lease, deadline, lock_delay)
                 lease._token = self._mint_locked(client, lease, deadline)
             except LeaseLostError as exc:
                 raise TokenUnavailableError(f"lease on {resource!r} was lost while being taken: {exc}") from exc
@@ -959,8 +1066,9 @@ class ZooKeeperTokenSource:
                 self._leases.discard(lease)
                 self._waiters.discard(wake)
             lease._mark_released()
-            # Never wait here: the caller's deadline may be spent. Tracked if it fails.
-            self._delete_lock_node(client, lock_path, wait=False)
+            # Never wait here: the caller's deadline may be spent. Tracked if it fails. Nothing
+            # ran under this lease, so a recorded hold is released cleanly (no lock-delay).
+            self._release_lock_node(client, lease, wait=False)
             raise
         with self._lock:
             self._waiters.discard(wake)
@@ -1032,6 +1140,128 @@ class ZooKeeperTokenSource:
                     f"the lease on {resource!r} stayed with another holder for the whole timeout", resource=resource
                 )
 
+    def _take_holder_record(self, client: Any, lease: Lease, deadline: float, lock_delay: float) -> None:
+        """Record this lease as the resource's holder, first waiting out a lock-delay if one is due.
+
+        Called once the lease is first in the queue, before minting.
+
+        :raises LeaseLostError: the lock node is gone.
+        :raises TokenUnavailableError: the delay outlasts *deadline*, or ZooKeeper failed.
+        """
+        held = _holder_record("held", lease.lock_path.rsplit("/", 1)[1], _whoami())
+        for _ in range(5):
+            version = self._wait_lock_delay(client, lease, deadline, lock_delay) if lock_delay > 0 else -1
+            if self._write_holder_record(client, lease, held, version, deadline) is not None:
+                lease._recorded = True
+                return
+        raise TokenUnavailableError(
+            f"the holder record of {lease.resource!r} kept changing while the lease was taken", resource=lease.resource
+        )
+
+    def _write_holder_record(
+        self, client: Any, lease: Lease, data: bytes, version: int, deadline: float
+    ) -> ZnodeStat | None:
+        """``[check(own lock node), setData(holder record, version)]``; ``None`` if the version moved.
+
+        :raises LeaseLostError: the lock node is gone (nothing was written).
+        """
+        resource = lease.resource
+        path = self._holder_path(resource)
+        for attempt in range(2):
+
+            def send() -> Any:
+                transaction = client.transaction()
+                transaction.check(lease.lock_path, -1)
+                transaction.set_data(path, data, version)
+                return transaction.commit_async()
+
+            results = self._request(client, send, deadline, resource, "multi [check, setData holder]")
+            if not (isinstance(results, list) and len(results) == 2):
+                break
+            if results[0] is True and isinstance(results[1], ZnodeStat):
+                stat: ZnodeStat = results[1]
+                return stat
+            if isinstance(results[0], NoNodeError):
+                lease._mark_lost("ZooKeeper found the lock node gone when recording the holder")
+                raise LeaseLostError(
+                    f"lease on {resource!r} is lost: its lock node {lease.lock_path!r} no longer exists",
+                    resource=resource,
+                )
+            if isinstance(results[1], BadVersionError):
+                return None
+            if attempt == 0 and isinstance(results[1], NoNodeError):
+                self._create_path(client, path, deadline, resource)
+                continue
+            break
+        raise TokenUnavailableError(f"unexpected multi-op result from ZooKeeper: {results!r}", resource=resource)
+
+    def _wait_lock_delay(self, client: Any, lease: Lease, deadline: float, lock_delay: float) -> int:
+        """Wait until a failed previous holder's lock-delay is over; return the record's version to overwrite."""
+        resource = lease.resource
+        path = self._holder_path(resource)
+        own = lease.lock_path.rsplit("/", 1)[1]
+        delay_ms = lock_delay * 1000.0
+        while True:
+            try:
+                data, stat = self._request(
+                    client, functools.partial(client.get_async, path), deadline, resource, "getData", NoNodeError
+                )
+            except NoNodeError:
+                self._create_path(client, path, deadline, resource)
+                continue
+            state, lock = _read_holder_record(data)
+            if state in ("", "released") or (state == "held" and lock == own):
+                return int(stat.version)
+            if state == "held":
+                # We are first in the queue, so that holder's lock node is gone without a clean
+                # release: it failed. Record when we found out; that write's mtime starts the delay.
+                failed = _holder_record("failed", lock, _whoami())
+                written = self._write_holder_record(client, lease, failed, stat.version, deadline)
+                if written is None:
+                    continue
+                log.warning(
+                    "lease on %r: the previous holder (lock node %s) failed without releasing; "
+                    "not granted again for %.1fs (lock-delay)",
+                    resource,
+                    lock,
+                    lock_delay,
+                )
+                start_ms, version, now_ms = written.mtime, written.version, written.mtime
+            else:
+                # "failed": an acquirer before us found the failure and did not see the delay
+                # through (it died, or timed out). Continue its countdown.
+                start_ms, version = stat.mtime, stat.version
+                now_ms = self._server_time_ms(client, resource, deadline)
+            end_ms = start_ms + delay_ms
+            while now_ms < end_ms:
+                remaining = (end_ms - now_ms) / 1000.0
+                if time.monotonic() + remaining > deadline:
+                    raise TokenUnavailableError(
+                        f"lease on {resource!r} is in its lock-delay after a failed holder for another "
+                        f"{remaining:.1f}s, beyond the timeout; the countdown continues in ZooKeeper",
+                        resource=resource,
+                    )
+                # Local time only paces the sleep; the server's clock decides when it is over.
+                if lease.wait_lost(remaining):
+                    raise TokenUnavailableError(
+                        f"lease on {resource!r} was lost during its lock-delay: {lease.lost_reason}", resource=resource
+                    )
+                now_ms = self._server_time_ms(client, resource, deadline)
+            lease.lock_delay_waited = max(0.0, (now_ms - start_ms) / 1000.0)
+            return int(version)
+
+    def _server_time_ms(self, client: Any, resource: str, deadline: float) -> int:
+        """ZooKeeper's "now", in ms: the ``mtime`` of a write to ``<root>/clock`` (the leader's clock)."""
+        path = f"{self.root}/clock"
+        try:
+            stat = self._request(
+                client, lambda: client.set_async(path, b""), deadline, resource, "setData clock", NoNodeError
+            )
+        except NoNodeError:
+            self._create_path(client, path, deadline, resource)
+            stat = self._request(client, lambda: client.set_async(path, b""), deadline, resource, "setData clock")
+        return int(stat.mtime)
+
     def _mint_for_lease(self, lease: Lease, timeout: float | None) -> FencingToken:
         deadline = self._deadline(timeout)
         client = self._usable_client(lease.resource)
@@ -1090,7 +1320,44 @@ class ZooKeeperTokenSource:
         lease._mark_released()
         if self._pid != os.getpid() or self._closed:
             return
-        self._delete_lock_node(client, lease.lock_path, wait=True)
+        self._release_lock_node(client, lease, wait=True)
+
+    def _release_lock_node(self, client: Any, lease: Lease, *, wait: bool) -> None:
+        """Release cleanly: ``[setData(holder record, released), delete(lock node)]`` in one multi-op.
+
+        A lease that never recorded itself, or a release that cannot be sent now,
+        falls back to deleting the lock node alone, which leaves the record at
+        ``held``: the next holder then treats it as a failure (a longer wait, never a shorter one).
+        """
+        if not lease._recorded or not (client.connected and client.state == KazooState.CONNECTED):
+            self._delete_lock_node(client, lease.lock_path, wait=wait)
+            return
+        lock_dir, name = lease.lock_path.rsplit("/", 1)
+        prefix = name[: name.rindex(_LEASE_MARKER) + len(_LEASE_MARKER)]
+        key = (lock_dir, prefix)
+        with self._lock:
+            self._orphans.add(key)
+        transaction = client.transaction()
+        transaction.set_data(self._holder_path(lease.resource), _holder_record("released", name, _whoami()))
+        transaction.delete(lease.lock_path)
+        async_result = transaction.commit_async()
+
+        def done(result: Any) -> None:
+            # On kazoo's completion thread: no waiting, only async requests.
+            value = result.value if result.exception is None else None
+            released = isinstance(value, list) and len(value) == 2 and value[0] is True and value[1] is True
+            if released or (isinstance(value, list) and len(value) == 2 and isinstance(value[1], NoNodeError)):
+                # Released, or the lock node was already gone (the lease was lost): nothing left to do.
+                with self._lock:
+                    self._orphans.discard(key)
+                return
+            follow_up = client.delete_async(lease.lock_path)
+            self._track_orphan(client, lock_dir, prefix, follow_up, deleting=True)
+
+        async_result.rawlink(done)
+        if wait:
+            with contextlib.suppress(Exception):
+                async_result.get(timeout=self.timeout)
 
     def _delete_lock_node(self, client: Any, path: str, *, wait: bool) -> None:
         lock_dir, name = path.rsplit("/", 1)
@@ -1161,6 +1428,10 @@ class ZooKeeperTokenSource:
                 continue
             with self._lock:
                 self._orphans.discard((lock_dir, prefix))
+
+
+def _whoami() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _stop_client(client: Any) -> None:
