@@ -6,6 +6,8 @@ source allows it:
 * SQLite: the counter row, read from the file opened read-only;
 * ZooKeeper: the ``mzxid`` of the resource's token znode (``<root>/tokens/<name>``),
   which is exactly the last token minted for it;
+* etcd: the ``mod_revision`` of the resource's token key (``<prefix>/tokens/<name>``),
+  the revision of the last put, which is the last token;
 * memory: not possible from outside its process, and said so.
 
 A mark above the source's last token is the one alarming reading: the source
@@ -129,6 +131,57 @@ class ZooKeeperPeeker:
             self._client.close()
 
 
+class EtcdPeeker:
+    """Reads the ``mod_revision`` of token keys: the revision of the last put, i.e. the last token minted."""
+
+    def __init__(self, url: str) -> None:
+        from ..sources.etcd import EtcdTokenSource
+
+        source = EtcdTokenSource.from_url(url)  # validates the URL; sends nothing
+        self.endpoints = list(source.endpoints)
+        self.prefix = source.prefix
+        self.timeout = source.timeout
+        source.close()
+        self.description = f"etcd {','.join(self.endpoints)}{self.prefix}"
+        self._range(self.prefix)  # fail now, clearly, if no member answers
+
+    def _range(self, key: str) -> dict[str, Any]:
+        import base64
+        import http.client
+        import json
+
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        errors = []
+        for endpoint in self.endpoints:
+            host, _, port = endpoint.rpartition(":")
+            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=self.timeout)
+            try:
+                conn.request("POST", "/v3/kv/range", body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                raw = response.read()
+                if response.status == 200:
+                    reply: dict[str, Any] = json.loads(raw)
+                    return reply
+                errors.append(f"{endpoint}: HTTP {response.status} {raw[:120]!r}")
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                errors.append(f"{endpoint}: {type(exc).__name__}: {exc}")
+            finally:
+                conn.close()
+        raise FencingConfigurationError(f"cannot reach etcd at {','.join(self.endpoints)}: {'; '.join(errors)}")
+
+    def peek(self, resource: str) -> Peek:
+        from ..sources.etcd import resource_to_key_name
+
+        reply = self._range(f"{self.prefix}/tokens/{resource_to_key_name(resource)}")
+        kvs = reply.get("kvs") or []
+        if not kvs:
+            return Peek(None, note="never minted")
+        return Peek(int(kvs[0]["mod_revision"]))
+
+    def close(self) -> None:
+        pass
+
+
 class UnpeekablePeeker:
     """A source whose counter cannot be read from outside (memory://)."""
 
@@ -158,10 +211,12 @@ def open_peeker(url: str) -> Peeker:
         return SQLitePeeker(url)
     if scheme == "zookeeper":
         return ZooKeeperPeeker(url)
+    if scheme == "etcd":
+        return EtcdPeeker(url)
     if scheme == "memory":
         return UnpeekablePeeker(url, "memory:// lives inside one process: its counter cannot be read from here")
     raise FencingConfigurationError(
-        f"unknown token source scheme {scheme!r} in {redact(url)!r}; known schemes: memory, sqlite, zookeeper"
+        f"unknown token source scheme {scheme!r} in {redact(url)!r}; known schemes: etcd, memory, sqlite, zookeeper"
     )
 
 

@@ -14,7 +14,9 @@ from sqlalchemy import create_engine, text
 from celery_fencing import FencingToken, RedisGate, SQLiteTokenSource
 from celery_fencing.cli import main
 from celery_fencing.gates.sql import SQLGate
+from celery_fencing.sources.etcd import EtcdTokenSource
 from celery_fencing.sources.zookeeper import ZooKeeperTokenSource
+from tests.fixtures.etcd import EtcdServer
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 from .conftest import run_cli
@@ -113,6 +115,23 @@ def test_zookeeper_last_token_is_peeked_not_minted(
         assert source.mint("job:1").value > token.value
 
 
+def test_etcd_last_token_is_peeked_not_minted(
+    etcd_server: EtcdServer, redis_url: str, redis_gate: RedisGate, unique_name: str
+) -> None:
+    """For etcd the last token is the mod_revision of the token key: shown exactly, and reading it mints nothing."""
+    url = etcd_server.url(f"/{unique_name}")
+    with EtcdTokenSource.from_url(url) as source:
+        token = source.mint("job:1")
+        redis_gate.claim(token)
+        args = ("--source", url, "--gate", redis_url, "--redis-prefix", redis_gate.prefix, "--json", "job:1", "job:2")
+        first = json.loads(inspect(*args)[1])["resources"]
+        second = json.loads(inspect(*args)[1])["resources"]
+        assert first[0]["last_token"] == second[0]["last_token"] == token.value
+        assert first[0]["marks"][0]["high_water"] == token.value
+        assert first[1]["last_token"] is None
+        assert source.mint("job:1").value > token.value
+
+
 def test_mark_ahead_of_source_is_a_finding(tmp_path: Path, redis_url: str, redis_gate: RedisGate) -> None:
     """A mark above the source's counter (a reset source) is reported with its consequence, exit code 1."""
     source = SQLiteTokenSource(tmp_path / "tokens.db")
@@ -143,7 +162,9 @@ def test_memory_source_says_it_cannot_be_peeked(tmp_path: Path) -> None:
         (["--gate", "redis://127.0.0.1:6379/0", "r"], "the following arguments are required: --source"),
         (["--source", "memory://", "r"], "inspect needs at least one --gate URL"),
         (["--source", "sqlite:///does/not/exist.db", "--gate", "redis://127.0.0.1:6379/0", "r"], "does not exist"),
-        (["--source", "etcd://h/x", "--gate", "redis://127.0.0.1:6379/0", "r"], "unknown token source scheme 'etcd'"),
+        (["--source", "consul://h/x", "--gate", "redis://127.0.0.1:6379/0", "r"], "unknown token source scheme"),
+        (["--source", "etcd://127.0.0.1:1/f?timeout=1", "--gate", "redis://127.0.0.1:6379/0", "r"],
+         "cannot reach etcd at 127.0.0.1:1"),
         (["--source", "memory://", "--gate", "mongodb://h/db", "r"], "unknown gate URL scheme 'mongodb'"),
         (["--source", "memory://", "--gate", "sqlite:///nope.db", "r"], "SQLite database 'nope.db'"),
         (["--source", "memory://", "--gate", "redis://127.0.0.1:1/0", "r"], "cannot read the mark at redis://"),
