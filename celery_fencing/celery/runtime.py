@@ -13,24 +13,50 @@ import inspect
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from ..context import Execution
-from ..exceptions import FencingConfigurationError
+from ..exceptions import FencingConfigurationError, FencingError
 from ..protocols import Gate, TokenSource
 from ..sources import token_source_from_url
 from . import signals
 from .settings import FencingSettings, read_settings
 
-__all__ = ["FencingRuntime", "runtime_for", "task_option"]
+__all__ = ["FencingRuntime", "HeldLease", "runtime_for", "task_option"]
 
 logger = logging.getLogger("celery_fencing")
 
 
+@dataclass
+class HeldLease:
+    """An exclusive lease an execution holds: the source's context manager, the lease, when it was taken."""
+
+    manager: AbstractContextManager[Any]
+    lease: Any
+    taken_at: float
+    #: Until when (time.monotonic) the lease may be kept for the next task of its resource.
+    keep_until: float
+
+    def release(self) -> None:
+        """Leave the lease's context: its lock node is deleted. Never raises."""
+        try:
+            self.manager.__exit__(None, None, None)
+        except Exception:  # a release must not fail a task or a shutdown
+            logger.exception("releasing the fencing lease on %r failed", getattr(self.lease, "resource", "?"))
+
+
 class FencingRuntime:
-    """The token source and gates one app uses in the current process. Thread-safe."""
+    """The token source and gates one app uses in the current process. Thread-safe.
+
+    It also keeps the exclusive leases that ``fencing_lease_reuse`` lets a
+    finished task leave for the next task of the same resource (see
+    :meth:`keep_lease`), and releases them when they expire.
+    """
 
     def __init__(self, app: Any) -> None:
         self._app = weakref.ref(app)
@@ -41,6 +67,13 @@ class FencingRuntime:
         self._gates: dict[int, Sequence[Gate]] = {}
         self._settings: FencingSettings | None = None
         self._executions: dict[int, Execution] = {}
+        # Leases kept between tasks, by resource; one per resource, never shared by two executions.
+        self._kept: dict[str, HeldLease] = {}
+        # Executions of this process waiting for a resource's lease (threads pools): never keep
+        # a lease one of them waits for, it would only make it wait longer.
+        self._lease_waiters: dict[str, int] = {}
+        self._reaper: threading.Thread | None = None
+        self._reaper_wake = threading.Condition(self._lock)
 
     @property
     def app(self) -> Any:
@@ -59,6 +92,11 @@ class FencingRuntime:
             self._owns_source = False
             self._gates.clear()
             self._executions.clear()
+            # The parent's leases belong to its ZooKeeper session, and its reaper did not survive.
+            self._kept = {}
+            self._lease_waiters = {}
+            self._reaper = None
+            self._reaper_wake = threading.Condition(self._lock)
 
     def settings(self) -> FencingSettings:
         """The app's validated settings, read once per process."""
@@ -148,6 +186,99 @@ class FencingRuntime:
             daemon=True,
         ).start()
 
+    # Leases kept between tasks (fencing_lease_reuse) --------------------------------------
+    #
+    # Why reusing a lease's token for the next task of the same resource is safe:
+    #
+    # * Within the process, a kept lease is handed to one execution at a time
+    #   (take_lease pops it): two executions never hold the same token at once.
+    # * Across processes, the ZooKeeper lock is held the whole time, so no other
+    #   process mints for the resource under a lease; and if this lease was lost
+    #   without this process noticing yet (paused past its session), the next
+    #   holder's token is larger and its claims raise the marks: our claim with the
+    #   old token is refused at the start of the next task, before its body runs.
+    # * Claims accept token >= mark, so the next task's claim with the same token
+    #   passes only if nobody newer claimed meanwhile: exactly the check a fresh
+    #   token gets. Results are fenced per task id, each claimed at its task's start.
+    # * A lease is not kept after any fencing error: a token a gate refused once
+    #   would be refused again, and a task must retry with a new lease and token.
+    # * What changes: a token no longer names one execution but a run of
+    #   consecutive executions in one process. Work an execution leaves running
+    #   after it returns (a thread writing later) is not fenced against the next
+    #   execution in the same process, as it would be with a fresh token.
+
+    def take_lease(self, resource: str) -> HeldLease | None:
+        """Hand the lease kept for *resource* to the calling execution, if one is kept and still good."""
+        with self._lock:
+            self._check_pid()
+            held = self._kept.pop(resource, None)
+        if held is None:
+            return None
+        if held.lease.lost or time.monotonic() >= held.keep_until:
+            held.release()
+            return None
+        try:
+            held.lease.check()
+        except FencingError:
+            held.release()
+            return None
+        return held
+
+    def wait_for_lease(self, resource: str, delta: int) -> None:
+        """Count executions of this process that are waiting for *resource*'s lease (+1 before, -1 after)."""
+        with self._lock:
+            count = self._lease_waiters.get(resource, 0) + delta
+            if count > 0:
+                self._lease_waiters[resource] = count
+            else:
+                self._lease_waiters.pop(resource, None)
+
+    def keep_lease(self, resource: str, held: HeldLease) -> bool:
+        """Keep *held* for the next task of *resource*; False (the caller releases) when it must go.
+
+        It goes when it expired (``keep_until``), was lost, another execution
+        of this process waits for it, or a lease of the resource is kept already.
+        """
+        if held.lease.lost or time.monotonic() >= held.keep_until:
+            return False
+        with self._lock:
+            self._check_pid()
+            if resource in self._kept or self._lease_waiters.get(resource):
+                return False
+            self._kept[resource] = held
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="fencing-lease-reaper", daemon=True)
+                self._reaper.start()
+            self._reaper_wake.notify()
+        return True
+
+    def release_kept_leases(self) -> None:
+        """Release every kept lease now (worker shutdown, closing the runtime)."""
+        with self._lock:
+            self._check_pid()
+            kept, self._kept = list(self._kept.values()), {}
+            self._reaper_wake.notify()
+        for held in kept:
+            held.release()
+
+    def _reap(self) -> None:
+        # One thread per process: releases kept leases when they expire, so an idle
+        # worker does not hold a resource that another process waits for.
+        pid = os.getpid()
+        while True:
+            with self._lock:
+                if self._pid != pid:
+                    return
+                now = time.monotonic()
+                expired = [resource for resource, held in self._kept.items() if held.keep_until <= now]
+                due = [self._kept.pop(resource) for resource in expired]
+                if not due:
+                    wake_at = min((held.keep_until for held in self._kept.values()), default=None)
+                    self._reaper_wake.wait(None if wake_at is None else max(0.001, wake_at - now))
+                    continue
+            for held in due:
+                held.release()
+
     def gates(self, task: Any) -> Sequence[Gate]:
         """The gates a task claims on, built once per process from ``task.fencing_gates``."""
         spec: Sequence[Gate] | Callable[[], Sequence[Gate]] = task_option(task, "fencing_gates") or ()
@@ -164,7 +295,8 @@ class FencingRuntime:
             return self._gates[key]
 
     def close(self) -> None:
-        """Close the source this runtime built in this process. Idempotent."""
+        """Release kept leases and close the source this runtime built in this process. Idempotent."""
+        self.release_kept_leases()
         with self._lock:
             self._check_pid()
             source, owns = self._source, self._owns_source

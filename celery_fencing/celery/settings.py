@@ -151,6 +151,14 @@ SETTINGS: tuple[Setting, ...] = (
         is_flag=True,
     ),
     Setting(
+        "fencing_lease_reuse",
+        0.0,
+        _non_negative_float,
+        "Exclusive mode: keep a lease and its token for the next task of the same resource in this "
+        "worker process, for up to this many seconds after it was taken (0: release after every task).",
+        metavar="SECONDS",
+    ),
+    Setting(
         "fencing_abort_on_session_loss",
         False,
         _flag,
@@ -176,6 +184,7 @@ class FencingSettings:
     retry_max_delay: float
     retry_jitter: float
     allow_volatile_source: bool
+    lease_reuse: float
     abort_on_session_loss: bool
 
 
@@ -188,6 +197,12 @@ def read_settings(conf: Any) -> FencingSettings:
     for entry in SETTINGS:
         raw = conf.get(entry.name, entry.default)
         values[entry.name.removeprefix("fencing_")] = entry.default if raw is None else entry.parse(entry.name, raw)
+    if values["lease_reuse"] >= values["timeout"]:
+        # Another process waits for a kept lease up to lease_reuse seconds: it must not time out first.
+        raise FencingConfigurationError(
+            f"fencing_lease_reuse ({values['lease_reuse']}) must be below fencing_timeout ({values['timeout']}): "
+            "other processes wait up to that long for a kept lease"
+        )
     return FencingSettings(**values)
 
 

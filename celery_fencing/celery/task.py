@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -59,7 +60,7 @@ from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleS
 from ..protocols import Gate
 from ..token import FencingToken, validate_resource
 from . import signals
-from .runtime import runtime_for, task_option
+from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
 from .settings import MODES, SETTINGS, FencingSettings
 
 __all__ = ["FencedTask", "fenced_task"]
@@ -205,7 +206,7 @@ class FencedTask(Task):  # type: ignore[misc]
         runtime = runtime_for(self.app)
         source = runtime.source()
         mode = self.fencing_mode or settings.mode
-        lease: AbstractContextManager[Any] | None = None
+        held: HeldLease | None = None
         try:
             if mode == "exclusive":
                 lease_factory = getattr(source, "lease", None)
@@ -214,10 +215,11 @@ class FencedTask(Task):  # type: ignore[misc]
                         f"task {self.name}: fencing_mode='exclusive' needs a source with leases (ZooKeeper), "
                         f"not {type(source).__name__}"
                     )
-                lease = lease_factory(resource, timeout=settings.timeout)
-                held = lease.__enter__()
-                request.fencing_lease = (lease, held)
-                token = held.token
+                held = runtime.take_lease(resource) if settings.lease_reuse else None
+                if held is None:
+                    held = self._take_lease(runtime, lease_factory, resource, settings)
+                request.fencing_lease = held
+                token = held.lease.token
             else:
                 token = source.mint(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
@@ -226,9 +228,9 @@ class FencedTask(Task):  # type: ignore[misc]
         request.fencing_token = token
         request.fencing_execution = execution
         runtime.track(execution)
-        if lease is not None:
+        if held is not None:
             # A lost lease (lock node gone, session lost) means the same as a lost session.
-            request.fencing_lease[1].on_lost(lambda _lease: execution.session_lost.set())
+            held.lease.on_lost(lambda _lease: execution.session_lost.set())
         signals.token_minted.send(sender=self, task_id=request.id, token=token, mode=mode)
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
@@ -238,12 +240,24 @@ class FencedTask(Task):  # type: ignore[misc]
             if claim_result is not None and not request.ignore_result:
                 claim_result(request.id, token)
         except _FENCED_OUT as exc:
-            self._end(execution)
+            self._end(execution, keep_lease=False)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
         except BaseException:
-            self._end(execution)
+            self._end(execution, keep_lease=False)
             raise
         return execution
+
+    def _take_lease(
+        self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings
+    ) -> HeldLease:
+        manager: AbstractContextManager[Any] = lease_factory(resource, timeout=settings.timeout)
+        runtime.wait_for_lease(resource, +1)
+        try:
+            lease = manager.__enter__()
+        finally:
+            runtime.wait_for_lease(resource, -1)
+        now = time.monotonic()
+        return HeldLease(manager, lease, taken_at=now, keep_until=now + settings.lease_reuse)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
@@ -251,10 +265,15 @@ class FencedTask(Task):  # type: ignore[misc]
         if execution is None:
             # Called directly (task(...)), without the tracer: before_start did not run.
             execution = self._start_fencing(args, kwargs)
+        # Only an execution that ended without a fencing error may leave its lease (and
+        # token) to the next task of its resource: a token a gate refused once would
+        # only be refused again, and a lost lease must be taken anew.
+        keep_lease = True
         try:
             with token_context(execution):
                 return super().__call__(*args, **kwargs)
         except _FENCED_OUT as exc:
+            keep_lease = False
             self._fenced_out(
                 exc,
                 execution.token.resource,
@@ -262,17 +281,22 @@ class FencedTask(Task):  # type: ignore[misc]
                 self._settings(),
                 phase="body",
             )
+        except FencingError:
+            keep_lease = False
+            raise
         finally:
-            self._end(execution)
+            self._end(execution, keep_lease=keep_lease)
 
-    def _end(self, execution: Execution) -> None:
-        """Forget the execution and release its lease, if it holds one."""
-        runtime_for(self.app).untrack(execution)
+    def _end(self, execution: Execution, *, keep_lease: bool) -> None:
+        """Forget the execution; release its lease, or keep it for the next task (``fencing_lease_reuse``)."""
+        runtime = runtime_for(self.app)
+        runtime.untrack(execution)
         held = self.request.get("fencing_lease")
-        if held is not None:
+        if isinstance(held, HeldLease):
             self.request.fencing_lease = None
-            lease, _ = held
-            lease.__exit__(None, None, None)
+            resource = execution.token.resource
+            if not (keep_lease and runtime.keep_lease(resource, held)):
+                held.release()
 
     # Rejections -----------------------------------------------------------------------
 
