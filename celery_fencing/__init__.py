@@ -5,7 +5,7 @@ fenced task; every protected write carries it, and the storage (a gate) refuses
 any token below the highest it has accepted. A worker that was paused, or whose
 task was re-delivered, can no longer overwrite newer data.
 
-Importing this package imports no driver (celery, kazoo, redis, sqlalchemy):
+Importing this package imports no driver (celery, kazoo, redis, sqlalchemy, django):
 driver-backed names are loaded on first use.
 """
 
@@ -45,6 +45,7 @@ from .token import MAX_TOKEN_VALUE, FencingToken
 if TYPE_CHECKING:
     from .celery.task import FencedTask, fenced_task
     from .celery.worker import install
+    from .gates.django import DjangoGate
     from .gates.redis import RedisGate
     from .gates.sql import SQLGate
     from .sources.etcd import EtcdTokenSource
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Decision",
+    "DjangoGate",
     "EtcdTokenSource",
     "ExponentialBackoff",
     "FencedTask",
@@ -90,6 +92,7 @@ __all__ = [
 # Names whose modules import a driver: resolved on first access (PEP 562). A new
 # driver-backed name goes here, into __all__, and under TYPE_CHECKING above.
 _LAZY: dict[str, str] = {
+    "DjangoGate": "celery_fencing.gates.django",
     "FencedTask": "celery_fencing.celery.task",
     "fenced_task": "celery_fencing.celery.task",
     "install": "celery_fencing.celery.worker",

@@ -3,6 +3,7 @@
 * :class:`MemoryGate` - in-process reference semantics, for unit tests.
 * :class:`RedisGate` - marks and checks in Lua scripts beside the data (``[redis]`` extra).
 * :class:`SQLGate` - a mark table advanced inside the caller's transaction (``[sql]`` extra).
+* :class:`DjangoGate` - the same in the Django ORM, inside ``transaction.atomic()`` (``[django]`` extra).
 
 Driver-backed gates are imported lazily: naming one imports its driver only then.
 """
@@ -15,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 from .memory import MemoryGate
 
 if TYPE_CHECKING:
+    from .django import DjangoGate
     from .redis import RedisGate
     from .sql import SQLGate
 
-__all__ = ["MemoryGate", "RedisGate", "SQLGate"]
+__all__ = ["DjangoGate", "MemoryGate", "RedisGate", "SQLGate"]
 
-_LAZY = {"RedisGate": ".redis", "SQLGate": ".sql"}
+_LAZY = {"DjangoGate": ".django", "RedisGate": ".redis", "SQLGate": ".sql"}
 
 
 def __getattr__(name: str) -> Any:

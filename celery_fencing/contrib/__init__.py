@@ -1,0 +1,1 @@
+"""Integrations with frameworks, each behind its extra (``celery_fencing.contrib.django``: ``[django]``)."""

@@ -1,0 +1,95 @@
+"""The gate contract suite's adapter for DjangoGate, and Django set-up for this process and its children."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery_fencing import FencingToken, current_token
+from celery_fencing.gates.django import DjangoGate, fenced_update
+from tests.gates.adapters import AdapterSpec, GateAdapter, append_random
+
+#: Contract kinds -> database alias in tests/django/settings.py.
+ALIASES = {"django_postgres": "postgres", "django_sqlite": "default"}
+
+
+def setup_django() -> None:
+    """Configure Django from tests.django.settings (the environment names the databases). Idempotent."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django.settings")
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+
+
+class DjangoAdapter(GateAdapter):
+    """Transaction mode for writes, with column mode binding each data row to its resource (as SQLAdapter)."""
+
+    def __init__(self, spec: AdapterSpec) -> None:
+        setup_django()
+        from tests.django.testapp.models import Item, LogEntry
+
+        self.spec = spec
+        self.alias = spec.url
+        self.gate = DjangoGate(self.alias)
+        self.items = Item.objects.using(self.alias)
+        self.entries = LogEntry.objects.using(self.alias)
+        self._item = Item
+
+    def clear(self) -> None:
+        """Empty the mark, data and log tables of this alias (the schema is this session's own)."""
+        self.gate.model.objects.using(self.alias).all().delete()
+        self.items.all().delete()
+        self.entries.all().delete()
+
+    def write(self, token: Any, key: str, value: int) -> None:
+        with self.gate.transaction(token):
+            checked = token if token is not None else _current()
+            updated = fenced_update(self.items.filter(key=key), checked, resource_field="resource", value=value)
+            if not updated:
+                self.items.create(key=key, value=value, resource=checked.resource, fence=checked.value)
+
+    def read(self, key: str) -> int | None:
+        value: int | None = self.items.filter(key=key).values_list("value", flat=True).first()
+        return value
+
+    def plain_write(self, key: str, value: int) -> None:
+        self.items.update_or_create(key=key, defaults={"value": value})
+
+    def failing_write(self, token: FencingToken, key: str, value: int) -> None:
+        with self.gate.transaction(token):
+            self.items.filter(key=key).update(value=value, fence=token.value)
+            raise RuntimeError("the task failed after its write, before COMMIT")
+
+    def append(self, token: Any, key: str, item: int) -> None:
+        with self.gate.transaction(token):
+            self.entries.create(key=key, item=item)
+
+    def log(self, key: str) -> list[int]:
+        return list(self.entries.filter(key=key).order_by("id").values_list("item", flat=True))
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections[self.alias].close()
+
+
+def _current() -> FencingToken:
+    token = current_token()
+    assert token is not None
+    return token
+
+
+def child_append(alias: str, resource: str, key: str, seed: int, count: int, barrier: Any, queue: Any) -> None:
+    """Child-process entry point: set Django up, wait for the others, append random tokens, report."""
+    adapter = DjangoAdapter(AdapterSpec("django", alias))
+    try:
+        barrier.wait(timeout=60)
+        report = append_random(adapter, resource, key, seed, count)
+        queue.put((report.accepted, report.rejected))
+    except BaseException as exc:
+        queue.put(repr(exc))
+        raise
+    finally:
+        adapter.close()

@@ -1,0 +1,66 @@
+"""The gate contract suite (tests/gates/test_gate_contract.py), run against DjangoGate on PostgreSQL and SQLite.
+
+The tests are the same functions; only the ``adapter`` fixture (conftest.py
+here) differs. The cross-process test needs Django set up in each child, so it
+has a Django version below.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+from tests.gates.adapters import WriterReport
+from tests.gates.test_gate_contract import (
+    _check_history,
+    test_bad_input_is_refused_and_changes_nothing,
+    test_claim_race_loses_no_deposit,
+    test_concurrent_threads_keep_the_mark_monotonic,
+    test_current_token_is_used_when_none_is_given,
+    test_equal_token_is_accepted,
+    test_failed_write_changes_neither_data_nor_mark,
+    test_higher_token_advances_the_mark,
+    test_lower_token_is_rejected_with_its_fields,
+    test_paused_writer_is_fenced_out,
+    test_rejected_write_changes_neither_data_nor_mark,
+    test_resources_are_independent,
+    test_token_of_another_resource_cannot_write_bound_data,
+)
+
+from .adapters import DjangoAdapter, child_append
+
+__all__ = [
+    "test_bad_input_is_refused_and_changes_nothing",
+    "test_claim_race_loses_no_deposit",
+    "test_concurrent_processes_keep_the_mark_monotonic",
+    "test_concurrent_threads_keep_the_mark_monotonic",
+    "test_current_token_is_used_when_none_is_given",
+    "test_equal_token_is_accepted",
+    "test_failed_write_changes_neither_data_nor_mark",
+    "test_higher_token_advances_the_mark",
+    "test_lower_token_is_rejected_with_its_fields",
+    "test_paused_writer_is_fenced_out",
+    "test_rejected_write_changes_neither_data_nor_mark",
+    "test_resources_are_independent",
+    "test_token_of_another_resource_cannot_write_bound_data",
+]
+
+
+def test_concurrent_processes_keep_the_mark_monotonic(adapter: DjangoAdapter) -> None:
+    """Processes with their own Django connections appending random tokens keep the same history rules."""
+    ctx = multiprocessing.get_context("spawn")
+    count = 3
+    barrier = ctx.Barrier(count)
+    queue: Any = ctx.Queue()
+    procs = [
+        ctx.Process(target=child_append, args=(adapter.alias, "hot", "log", 100 + n, 40, barrier, queue))
+        for n in range(count)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    assert all(isinstance(result, tuple) for result in results), results
+    reports = [WriterReport(accepted=list(acc), rejected=list(rej)) for acc, rej in results]
+    _check_history(adapter, "hot", "log", reports)

@@ -1,0 +1,1 @@
+"""Models the Django gate tests write through (tables made by ``migrate --run-syncdb``)."""
