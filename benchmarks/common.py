@@ -1,0 +1,151 @@
+"""What every benchmark shares: alternating rounds, medians and ratios, peak RSS, the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+REDIS_URL = os.environ.get("FENCING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def alternate(subjects: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Call every subject once per round, rotating which goes first; return each subject's samples.
+
+    Drift on a shared machine (other suites, page cache, CPU frequency) then
+    hits every subject alike, and each ratio compares samples of the same rounds.
+    """
+    names = list(subjects)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_no in range(rounds):
+        shift = round_no % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(subjects[name]())
+    return samples
+
+
+def rate(call: Callable[[], object], count: int, per_call: int = 1) -> float:
+    """Run *call* *count* times back to back; return operations per second (``per_call`` operations per call)."""
+    started = time.perf_counter()
+    for _ in range(count):
+        call()
+    return count * per_call / (time.perf_counter() - started)
+
+
+@dataclass
+class Table:
+    """Printed results: one line per subject (median of its rounds), then one per ratio."""
+
+    title: str
+    unit: str
+    samples: dict[str, list[float]]
+    #: (label, numerator subject, denominator subject, target or None); a ratio of medians.
+    ratios: list[tuple[str, str, str, float | None]] = field(default_factory=list)
+    #: Whether a larger value is better (throughput: ratios must reach their target)
+    #: or worse (latency: ratios must stay at or below it).
+    higher_is_better: bool = True
+
+    def meets(self, value: float, target: float) -> bool:
+        return value >= target if self.higher_is_better else value <= target
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def ratio(self, numerator: str, denominator: str) -> float:
+        return self.median(numerator) / self.median(denominator)
+
+    def render(self) -> str:
+        lines = [f"== {self.title}", f"{'subject':48} {'median ' + self.unit:>16} {'min':>10} {'max':>10} rounds"]
+        for name, values in self.samples.items():
+            lines.append(
+                f"{name:48} {statistics.median(values):16.1f} {min(values):10.1f} {max(values):10.1f} {len(values):6d}"
+            )
+        for label, numerator, denominator, target in self.ratios:
+            value = self.ratio(numerator, denominator)
+            sign = ">=" if self.higher_is_better else "<="
+            verdict = ""
+            if target is not None:
+                verdict = f"  target {sign} {target:.2f}x: {'met' if self.meets(value, target) else 'MISSED'}"
+            lines.append(f"ratio {label:42} {value:16.3f}{verdict}")
+        return "\n".join(lines)
+
+    def missed(self) -> list[str]:
+        return [
+            label
+            for label, numerator, denominator, target in self.ratios
+            if target is not None and not self.meets(self.ratio(numerator, denominator), target)
+        ]
+
+
+def peak_rss_mib(pid: int | None = None) -> float:
+    """Peak resident set size in MiB: of *pid* (VmHWM from /proc), or of this process."""
+    if pid is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def rss_mib(pid: int) -> float:
+    """Current resident set size of *pid* in MiB (VmRSS)."""
+    return _status_kib(pid, "VmRSS") / 1024
+
+
+def _status_kib(pid: int, field_name: str) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time *pid* has used so far, in seconds (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pid_of(command_name: str) -> int | None:
+    """The pid of a running process whose command name is *command_name* (read-only look at /proc)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == command_name:
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def machine() -> str:
+    """One line naming the machine: CPUs, CPU model, memory, load average, Python."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError):
+        pages = float("nan")
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    return (
+        f"{os.cpu_count()} CPU(s) ({model}), {pages:.0f} GiB, load average {load}; "
+        f"Python {platform.python_version()} on {platform.system()} {platform.release()}"
+    )
