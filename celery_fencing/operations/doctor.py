@@ -6,8 +6,9 @@ What is checked, in order:
   fenced tasks are registered (after importing ``imports``/``include``).
 * **source**: configured, reachable, and monotonic: two tokens are minted on the
   doctor's own resource (``celery-fencing:doctor``) and the second must be larger.
-* **zookeeper**: ensemble size from the URL, session timeout against
-  ``fencing_timeout`` and ZooKeeper's negotiation bounds.
+* **zookeeper**, **etcd**: ensemble size from the URL; ZooKeeper's session
+  timeout against ``fencing_timeout`` and its negotiation bounds; etcd's
+  ``lease_ttl`` against ``fencing_timeout`` in exclusive mode.
 * **gates**: every gate of every fenced task answers (a mark read on the
   doctor's resource, nothing written); a Redis gate's persistence (``CONFIG GET
   appendonly``/``save``): a store without persistence forgets marks on restart.
@@ -136,7 +137,7 @@ class Doctor:
         if settings is not None:
             source = self.check_source(settings)
             if source is not None:
-                self.check_zookeeper(source, settings, tasks)
+                self.check_grantor(source, settings, tasks)
         self.check_gates(tasks)
         self.check_results(tasks)
         self.check_broker()
@@ -253,30 +254,48 @@ class Doctor:
             )
         return source
 
-    def check_zookeeper(self, source: Any, settings: Any, tasks: list[Any]) -> None:
-        session = getattr(source, "session_timeout", None)
-        hosts = getattr(source, "hosts", None)
-        if session is None or type(source).__name__ != "ZooKeeperTokenSource":
-            return
-        if isinstance(hosts, str):
-            count = len([h for h in hosts.split(",") if h.strip()])
-            if count == 1:
+    def check_ensemble(self, area: str, kind: str, hosts: list[str]) -> None:
+        count = len(hosts)
+        if count == 1:
+            self.add(
+                area,
+                "warning",
+                f"one {kind} server ({hosts[0]}): when it is down no token can be minted and fenced tasks stop",
+                "run 3 servers (tolerates 1 failure) or 5 (tolerates 2), and list every one in the URL",
+            )
+        elif count % 2 == 0:
+            self.add(
+                area,
+                "note",
+                f"{count} {kind} servers listed: an even ensemble tolerates no more failures than one server fewer",
+                f"use {count - 1} or {count + 1} servers",
+            )
+        else:
+            self.add(area, "ok", f"{count} {kind} servers listed (a quorum survives {count // 2} failures)")
+
+    def check_grantor(self, source: Any, settings: Any, tasks: list[Any]) -> None:
+        kind = type(source).__name__
+        exclusive = settings.mode == "exclusive" or any(getattr(t, "fencing_mode", None) == "exclusive" for t in tasks)
+        if kind == "EtcdTokenSource":
+            self.check_ensemble("etcd", "etcd", list(getattr(source, "endpoints", ())))
+            ttl = getattr(source, "lease_ttl", None)
+            if exclusive and ttl is not None and settings.timeout >= ttl:
                 self.add(
-                    "zookeeper",
+                    "etcd",
                     "warning",
-                    f"one ZooKeeper server ({hosts}): when it is down no token can be minted and fenced tasks stop",
-                    "run a 3-node ensemble (tolerates 1 failure) or 5 nodes (tolerates 2), and list every node "
-                    "in the URL",
+                    f"fencing_timeout={settings.timeout:g}s is not below the etcd lease_ttl ({ttl:g}s): a task can "
+                    "wait for a lock longer than a dead holder keeps it",
+                    f"set fencing_timeout below lease_ttl, e.g. {ttl / 2:g}, or raise ?lease_ttl= in the URL",
                 )
-            elif count % 2 == 0:
-                self.add(
-                    "zookeeper",
-                    "note",
-                    f"{count} ZooKeeper hosts listed: an even ensemble tolerates no more failures than one node fewer",
-                    f"use {count - 1} or {count + 1} nodes",
-                )
-            else:
-                self.add("zookeeper", "ok", f"{count} ZooKeeper hosts listed (a quorum survives {count // 2} failures)")
+            return
+        if kind == "ZooKeeperTokenSource":
+            self.check_zookeeper(source, settings, exclusive)
+
+    def check_zookeeper(self, source: Any, settings: Any, exclusive: bool) -> None:
+        session = float(source.session_timeout)
+        hosts = getattr(source, "hosts", None)
+        if isinstance(hosts, str):
+            self.check_ensemble("zookeeper", "ZooKeeper", [h.strip() for h in hosts.split(",") if h.strip()])
         if session < ZOOKEEPER_MIN_SESSION:
             self.add(
                 "zookeeper",
@@ -300,7 +319,6 @@ class Doctor:
                 "ok",
                 f"fencing_timeout={settings.timeout:g}s is below the session timeout ({session:g}s)",
             )
-        exclusive = settings.mode == "exclusive" or any(getattr(t, "fencing_mode", None) == "exclusive" for t in tasks)
         if exclusive and not settings.abort_on_session_loss:
             self.add(
                 "zookeeper",

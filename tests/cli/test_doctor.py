@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from celery_fencing.gates.sql import SQLGate
+from tests.fixtures.etcd import EtcdServer
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 from .conftest import Done, run_cli
@@ -115,3 +116,15 @@ def test_unloadable_app_exits_2(app: str, message: str) -> None:
     assert done.code == 2, done.out + done.err
     assert message in done.err
     assert "Traceback" not in done.err
+
+
+def test_etcd_single_server_and_lease_ttl_are_reported(etcd_server: EtcdServer, redis_url: str) -> None:
+    """An etcd source is checked too: it mints monotonically, and one server or a TTL below fencing_timeout is a
+    finding."""
+    env = {"CFT_ETCD": etcd_server.endpoints, "CFT_BROKER": redis_url}
+    done, report = doctor("tests.cli.apps.etcd_exclusive", env)
+    assert done.code == 1
+    assert any(c["area"] == "source" and c["status"] == "ok" for c in report["checks"])
+    etcd = " ".join(findings(report, "etcd", "warning"))
+    assert "one etcd server" in etcd
+    assert "fencing_timeout=5s is not below the etcd lease_ttl (3s)" in etcd
