@@ -1,0 +1,1 @@
+"""A minimal Django project whose Celery tasks are fenced by DjangoGate: ``python -m examples.django``."""

@@ -1,0 +1,1 @@
+"""The ledger app: accounts and one entry per applied deposit."""
