@@ -7,7 +7,8 @@ defined inside functions.
 =========================  ==========================================================
 signal                     sent with
 =========================  ==========================================================
-``token_minted``           ``sender`` task, ``task_id``, ``token``, ``mode``
+``token_minted``           ``sender`` task, ``task_id``, ``token``, ``mode``,
+                           ``duration`` (seconds the mint or lease took)
 ``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
                            ``high_water``, ``error``, ``action`` (retry/ignore/...),
                            ``phase`` (mint, claim or body)
@@ -24,7 +25,7 @@ from celery.utils.dispatch import Signal
 
 __all__ = ["fencing_rejected", "result_dropped", "session_state_changed", "token_minted"]
 
-token_minted = Signal(name="token_minted", providing_args={"task_id", "token", "mode"})
+token_minted = Signal(name="token_minted", providing_args={"task_id", "token", "mode", "duration"})
 fencing_rejected = Signal(
     name="fencing_rejected",
     providing_args={"task_id", "resource", "token", "high_water", "error", "action", "phase"},

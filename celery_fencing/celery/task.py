@@ -207,6 +207,7 @@ class FencedTask(Task):  # type: ignore[misc]
         source = runtime.source()
         mode = self.fencing_mode or settings.mode
         held: HeldLease | None = None
+        started = time.monotonic()
         try:
             if mode == "exclusive":
                 lease_factory = getattr(source, "lease", None)
@@ -231,7 +232,9 @@ class FencedTask(Task):  # type: ignore[misc]
         if held is not None:
             # A lost lease (lock node gone, session lost) means the same as a lost session.
             held.lease.on_lost(lambda _lease: execution.session_lost.set())
-        signals.token_minted.send(sender=self, task_id=request.id, token=token, mode=mode)
+        signals.token_minted.send(
+            sender=self, task_id=request.id, token=token, mode=mode, duration=time.monotonic() - started
+        )
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
             for gate in runtime.gates(self):
