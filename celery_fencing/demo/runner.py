@@ -100,9 +100,11 @@ class Progress:
     def show(self, message: str, detail: str = "") -> None:
         """Show *message*; *detail* (a countdown) is shown on a terminal only, so logs stay short."""
         if self.tty:
-            line = f"{message} {detail}".rstrip()
+            line = f"... {message} {detail}".rstrip()
+            # One terminal row at most: \r cannot go back over a wrapped line.
+            line = line[: max(20, shutil.get_terminal_size().columns - 1)]
             if line != self.last:
-                self.stream.write("\r\033[K... " + line)
+                self.stream.write("\r\033[K" + line)
                 self.last = line
         elif message != self.last:
             self.stream.write("... " + message + "\n")
