@@ -12,8 +12,9 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    (:func:`celery_fencing.current_token`), so gates called without a token use it.
 3. A :class:`~celery_fencing.StaleTokenError` (or a lost lease) anywhere in 1-2
    goes to the task's on-stale policy: retry (new attempt, new token, re-read,
-   redo), ignore, reject or raise. A token source that is unavailable is
-   retried with the same backoff: the body never runs unfenced.
+   redo), ignore, reject or raise. A token source that is unavailable, or a
+   gate whose store is down at claim time, is retried with the same backoff:
+   the body never runs unfenced.
 
 Task options (class attributes, or keyword arguments of ``@app.task``):
 
@@ -51,6 +52,7 @@ from ..context import Execution, token_context
 from ..exceptions import (
     FencingConfigurationError,
     FencingError,
+    GateUnavailableError,
     InvalidTokenError,
     LeaseLostError,
     StaleTokenError,
@@ -245,6 +247,12 @@ class FencedTask(Task):  # type: ignore[misc]
         except _FENCED_OUT as exc:
             self._end(execution, keep_lease=False)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
+        except GateUnavailableError as exc:
+            # A gate's store is down (restarting, unreachable): not a newer execution.
+            # Retry with backoff like an unavailable grantor; failing here would be out
+            # of reach of autoretry_for, and acks_late would then lose the task.
+            self._end(execution, keep_lease=False)
+            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
         except BaseException:
             self._end(execution, keep_lease=False)
             raise
