@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .context import current_token, resolve_token, token_context
 from .exceptions import (
+    EffectPendingError,
     FencingConfigurationError,
     FencingError,
     GateUnavailableError,
     InvalidTokenError,
     LeaseLostError,
     ResourceMismatchError,
+    StaleETagError,
     StaleTokenError,
     TokenUnavailableError,
 )
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Decision",
     "DjangoGate",
+    "EffectPendingError",
     "EtcdTokenSource",
     "ExponentialBackoff",
     "FencedTask",
@@ -75,6 +78,7 @@ __all__ = [
     "RetryPolicy",
     "SQLGate",
     "SQLiteTokenSource",
+    "StaleETagError",
     "StaleState",
     "StaleTokenError",
     "TokenSource",

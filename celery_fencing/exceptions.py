@@ -7,9 +7,11 @@ whole family with one ``except`` clause::
      +-- InvalidTokenError            a token or resource that breaks the rules
      |    +-- ResourceMismatchError   a token presented for another resource's data
      +-- StaleTokenError              a gate refused a token below its high-water mark
+     |    +-- StaleETagError          a conditional HTTP write got 412: the resource changed since it was read
      +-- TokenUnavailableError        the grantor could not mint a token in time
      +-- LeaseLostError               an exclusive lease ended while it was held
      +-- GateUnavailableError         the storage behind a gate could not be reached
+     +-- EffectPendingError           an idempotency key is claimed but its outcome not recorded
      +-- FencingConfigurationError    a bad URL, setting or option
 
 Every field is keyword-only with a default and the message is the only
@@ -20,12 +22,14 @@ exception serialisation (which rebuilds an exception as ``cls(*args)``).
 from __future__ import annotations
 
 __all__ = [
+    "EffectPendingError",
     "FencingConfigurationError",
     "FencingError",
     "GateUnavailableError",
     "InvalidTokenError",
     "LeaseLostError",
     "ResourceMismatchError",
+    "StaleETagError",
     "StaleTokenError",
     "TokenUnavailableError",
 ]
@@ -91,6 +95,36 @@ class StaleTokenError(FencingError):
         self.high_water = high_water
 
 
+class StaleETagError(StaleTokenError):
+    """A conditional HTTP write (``If-Match``) was refused with ``412 Precondition Failed``.
+
+    The resource changed since this execution read it (its ETag moved on):
+    another writer got there first, and nothing was written. It is a
+    :class:`StaleTokenError`, so a fenced task's on-stale policy handles it
+    (retry re-reads and redoes). ``resource`` and ``token`` are those of the
+    execution's fencing token when there is one; ``high_water`` stays ``None``
+    (the sink compares versions, not tokens).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        url: str | None = None,
+        etag: str | None = None,
+        current_etag: str | None = None,
+        resource: str | None = None,
+        token: int | None = None,
+    ) -> None:
+        if not message:
+            now = f", it is now {current_etag}" if current_etag else ""
+            message = f"conditional write to {url} refused (412): If-Match {etag} no longer matches{now}"
+        super().__init__(message, resource=resource, token=token)
+        self.url = url
+        self.etag = etag
+        self.current_etag = current_etag
+
+
 class TokenUnavailableError(FencingError):
     """The token source could not mint a token (grantor down, timeout, session lost)."""
 
@@ -117,6 +151,26 @@ class GateUnavailableError(FencingError):
     def __init__(self, message: str = "", *, gate: str | None = None) -> None:
         super().__init__(message)
         self.gate = gate
+
+
+class EffectPendingError(FencingError):
+    """An idempotency key was claimed by an execution that has not recorded the effect's outcome.
+
+    That execution may still be running (a re-delivered copy of a task whose
+    first execution is paused), or it died between claiming the key and
+    recording the outcome, in which case nobody knows whether the effect
+    happened. The effect is not run again while the claim stands (see
+    :mod:`celery_fencing.idempotency`); a fenced task retries with backoff.
+    ``age`` is how long ago the claim was made, in seconds of the store's clock.
+    """
+
+    def __init__(self, message: str = "", *, key: str | None = None, age: float | None = None) -> None:
+        if not message:
+            since = f" {age:.1f}s ago" if age is not None else ""
+            message = f"idempotency key {key!r} was claimed{since} and its outcome is not recorded yet"
+        super().__init__(message)
+        self.key = key
+        self.age = age
 
 
 class FencingConfigurationError(FencingError):

@@ -25,6 +25,7 @@ def test_public_names_are_in_all() -> None:
         "demo",
         "exceptions",
         "gates",
+        "idempotency",
         "operations",
         "policies",
         "protocols",

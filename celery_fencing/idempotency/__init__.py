@@ -1,0 +1,74 @@
+"""Idempotency keys: make a side effect at most once per key, and give repeats the first outcome.
+
+For sinks that cannot check a fencing token (a payment or e-mail API, a
+third-party HTTP service, an append-only log), the next best thing is to make
+retries and re-deliveries of the *same* effect harmless. Each effect gets a
+key derived from the task (``"<task id>:<operation>"``, or a function of the
+arguments), recorded with the effect's outcome; a repeat finds the key and
+returns the first outcome instead of acting again.
+
+* :func:`idempotent` (decorator) and :func:`run_once` (function) around a
+  call to an external system: claim the key, call, record the outcome.
+  **At most once** by default; **at least once** with ``reclaim_after``.
+  Neither is exactly once: read :mod:`celery_fencing.idempotency.core` for
+  what happens when the process dies between the call and the record.
+* ``RedisIdempotencyStore.eval_once`` and ``SQLIdempotencyStore.transaction_once``
+  for an effect *inside* the store: the key is recorded in the same script or
+  transaction as the effect, so it is exactly once.
+
+Stores: :class:`MemoryIdempotencyStore` (unit tests), ``RedisIdempotencyStore``
+(``[redis]`` extra) and ``SQLIdempotencyStore`` (``[sql]`` extra; PostgreSQL,
+SQLite), imported lazily so naming one imports its driver only then.
+
+Idempotency keys do not stop a *stale* execution: a worker paused past a
+retry runs a different attempt of the same key only once, but a different
+task's effect on the same external resource is another key. Where the sink can
+compare, use a gate or a conditional write (:mod:`celery_fencing.gates.http`);
+see the "When the storage cannot check tokens" page of the docs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .core import (
+    DEFAULT_RETENTION,
+    MAX_KEY_LENGTH,
+    Claim,
+    IdempotencyStore,
+    idempotency_key,
+    idempotent,
+    run_once,
+    validate_key,
+)
+from .memory import MemoryIdempotencyStore
+
+if TYPE_CHECKING:
+    from .redis import RedisIdempotencyStore
+    from .sql import SQLIdempotencyStore
+
+__all__ = [
+    "DEFAULT_RETENTION",
+    "MAX_KEY_LENGTH",
+    "Claim",
+    "IdempotencyStore",
+    "MemoryIdempotencyStore",
+    "RedisIdempotencyStore",
+    "SQLIdempotencyStore",
+    "idempotency_key",
+    "idempotent",
+    "run_once",
+    "validate_key",
+]
+
+_LAZY = {"RedisIdempotencyStore": ".redis", "SQLIdempotencyStore": ".sql"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
