@@ -1,0 +1,1 @@
+"""Helpers for the RabbitMQ tests (which live in tests/celery/test_rabbitmq_*.py, beside the worker harness)."""
