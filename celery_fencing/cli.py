@@ -160,7 +160,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     for report in reports:
         for problem in report.problems:
             out.write(f"\n{report.resource}: {problem}\n")
-    if not failing:
+    if any(mark is None for report in reports for _, mark in report.marks):
         out.write("\n'-' means no mark yet: the resource was never claimed or written through that gate.\n")
     return EXIT_FINDINGS if failing else EXIT_OK
 

@@ -463,6 +463,14 @@ class Doctor:
         try:
             with self.app.connection_for_write(connect_timeout=5) as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
+        except ImportError as exc:
+            self.add(
+                "broker",
+                "error",
+                f"the transport for broker {shown} cannot be loaded: {exc}",
+                f"install the transport's dependencies, e.g. pip install 'celery[{self.broker_scheme()}]'",
+            )
+            return
         except Exception as exc:
             self.add("broker", "error", f"broker {shown} is unreachable: {exc}", "check broker_url and the server")
             return
