@@ -48,7 +48,7 @@ def test_source_flag_overrides_the_setting(scenario: Scenario) -> None:
         (("--fencing-timeout", "soon"), "fencing_timeout"),
         (("--fencing-on-stale", "panic"), "fencing_on_stale"),
         (("--fencing-mode", "shared"), "fencing_mode"),
-        (("--fencing-source", "etcd://x"), "unknown token source scheme"),
+        (("--fencing-source", "nosuch://x"), "unknown token source scheme"),
         (("--fencing-source", "memory://"), "is volatile"),
     ],
     ids=["timeout", "on-stale", "mode", "source", "volatile-source"],
