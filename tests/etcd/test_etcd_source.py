@@ -214,37 +214,42 @@ def _etcdctl(*args: str) -> None:
     subprocess.run([ETCDCTL, *args], check=True, capture_output=True, env={"ETCDCTL_API": "3", "PATH": "/usr/bin"})
 
 
+def _restore(server: EtcdServer, snapshot: Path, cluster_token: str) -> None:
+    """Replace the member's data with *snapshot* (as after losing it), the way etcd's disaster recovery does."""
+    member = server.member
+    member.stop()
+    member.data_dir.rename(member.directory / f"lost-{time.monotonic_ns()}")
+    _etcdctl(
+        "snapshot",
+        "restore",
+        str(snapshot),
+        "--data-dir",
+        str(member.data_dir),
+        "--name",
+        member.name,
+        "--initial-cluster",
+        member.cluster,
+        "--initial-cluster-token",
+        cluster_token,
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{member.peer_port}",
+    )
+    member.launch()
+    member.wait_serving()
+
+
 def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -> None:
-    """After a snapshot restore (no --bump-revision) etcd re-issues revisions; a live source refuses them."""
+    """After a restore keeping the cluster id (no --bump-revision) etcd re-issues revisions; a live source refuses."""
     with EtcdServer(tmp_path / "etcd") as server:
-        member = server.member
         url = server.url(f"/{unique_name}")
         live = token_source_from_url(url)
         try:
             live.mint("acct")
             snapshot = tmp_path / "snapshot.db"
-            _etcdctl("--endpoints", member.endpoint, "snapshot", "save", str(snapshot))
+            _etcdctl("--endpoints", server.member.endpoint, "snapshot", "save", str(snapshot))
             issued = [live.mint("acct").value for _ in range(5)]
-            member.stop()
-            (member.data_dir).rename(tmp_path / "lost-data")
-            _etcdctl(
-                "snapshot",
-                "restore",
-                str(snapshot),
-                "--data-dir",
-                str(member.data_dir),
-                "--name",
-                member.name,
-                "--initial-cluster",
-                member.cluster,
-                "--initial-cluster-token",
-                member.token,
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{member.peer_port}",
-            )
-            member.launch()
-            member.wait_serving()
-            # The source that minted before refuses: same cluster id, but the revision went back.
+            # The same cluster token and peer URLs: the restored cluster has the same id.
+            _restore(server, snapshot, server.member.token)
             with pytest.raises(TokenUnavailableError, match="went backwards"):
                 live.mint("acct", timeout=10)
             # Negative control: a fresh process has no memory of what was issued, and gets a
@@ -252,6 +257,7 @@ def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -
             fresh = token_source_from_url(url)
             try:
                 reissued = fresh.mint("acct", timeout=10).value
+                assert fresh.cluster_id == live.cluster_id  # type: ignore[attr-defined]
             finally:
                 fresh.close()
             assert reissued in issued
@@ -259,5 +265,35 @@ def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -
             gate = MemoryGate()
             gate.claim(FencingToken("acct", reissued))  # the one from before the restore
             gate.claim(FencingToken("acct", reissued))  # the one after it: accepted too
+        finally:
+            live.close()
+
+
+def test_restore_under_a_new_cluster_token_changes_the_identity(tmp_path: Path, unique_name: str) -> None:
+    """A restore under a new --initial-cluster-token gets a new cluster id: pinned sources refuse until re-pinned."""
+    with EtcdServer(tmp_path / "etcd") as server:
+        url = server.url(f"/{unique_name}")
+        live = token_source_from_url(url)
+        try:
+            live.mint("acct")
+            old_id = live.cluster_id  # type: ignore[attr-defined]
+            snapshot = tmp_path / "snapshot.db"
+            _etcdctl("--endpoints", server.member.endpoint, "snapshot", "save", str(snapshot))
+            _restore(server, snapshot, f"restored-{unique_name}")
+            with pytest.raises(TokenUnavailableError, match=f"not {old_id:x}"):
+                live.mint("acct", timeout=10)
+            pinned = token_source_from_url(f"{url}?cluster_id={old_id}")
+            try:
+                with pytest.raises(TokenUnavailableError, match="belongs to cluster"):
+                    pinned.mint("acct", timeout=10)
+            finally:
+                pinned.close()
+            # The operator's deliberate step: pin the new id (after bumping revisions past the old ones).
+            repinned = token_source_from_url(url)
+            try:
+                repinned.mint("acct", timeout=10)
+                assert repinned.cluster_id != old_id  # type: ignore[attr-defined]
+            finally:
+                repinned.close()
         finally:
             live.close()
