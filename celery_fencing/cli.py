@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
@@ -233,3 +234,13 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     except KeyboardInterrupt:
         err.write("interrupted\n")
         return 130
+    except Exception as exc:
+        # A driver error nothing above anticipated: one line, unless asked for the traceback.
+        if os.environ.get("CELERY_FENCING_DEBUG"):
+            raise
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        err.write(
+            f"celery-fencing: {type(exc).__name__}: {detail}\n"
+            "(set CELERY_FENCING_DEBUG=1 to see the traceback, and please report it if the input was valid)\n"
+        )
+        return EXIT_USAGE

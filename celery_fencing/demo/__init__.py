@@ -15,9 +15,10 @@ is retried with a new token, re-reads 120 and writes 130.
 Modules:
 
 * :mod:`.runner` plays the story and prints the timeline (the CLI calls it);
+* :mod:`.processes` starts, freezes, thaws and stops the ``celery worker`` processes;
 * :mod:`.app` is the Celery app the workers run (``celery -A celery_fencing.demo.app``),
-  configured through ``CELERY_FENCING_DEMO_*`` environment variables
-  (:mod:`.settings`);
+  built by :mod:`.tasks` from the ``CELERY_FENCING_DEMO_*`` environment
+  variables (:mod:`.settings`);
 * :mod:`.store` holds the account in SQLite, PostgreSQL or Redis, behind a gate;
 * :mod:`.events` is the append-only log through which workers report progress.
 

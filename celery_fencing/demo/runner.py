@@ -391,7 +391,7 @@ class DemoRunner:
 def _preflight(what: str, url: str, check: Callable[[], object]) -> None:
     try:
         check()
-    except FencingError:
+    except FencingConfigurationError:
         raise
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -405,7 +405,7 @@ def _check_zookeeper(url: str) -> None:
     try:
         connect = getattr(source, "connect", None)
         if connect is not None:
-            connect(timeout=10)
+            connect(timeout=5)
     finally:
         source.close()
 

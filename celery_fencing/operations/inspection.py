@@ -267,7 +267,8 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
                 mark = opened.gate.high_water(resource)
             except FencingError as exc:
                 hint = ""
-                if opened.kind == "sql" and ("does not exist" in str(exc) or "no such table" in str(exc)):
+                missing = ("does not exist", "doesn't exist", "no such table")
+                if opened.kind == "sql" and any(text in str(exc) for text in missing):
                     hint = " (wrong --sql-table? the gate's table is made by SQLGate.create_schema())"
                 raise FencingConfigurationError(f"cannot read the mark at {opened.label}: {exc}{hint}") from exc
             report.marks.append((opened.label, mark))

@@ -129,6 +129,7 @@ def test_demo_on_redis(redis_url: str) -> None:
         (["--postgres", "mysql://root@127.0.0.1/test"], "--postgres needs a postgresql:// URL"),
         (["--redis", "redis://127.0.0.1:1/0"], "cannot reach the account store at redis://127.0.0.1:1/0"),
         (["--broker", "not-a-url"], "--broker needs a broker URL"),
+        (["--zookeeper", "127.0.0.1:1"], "cannot reach ZooKeeper at zookeeper://127.0.0.1:1/"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
