@@ -162,6 +162,8 @@ _HOLDER_STATES = frozenset({"held", "released", "failed"})
 _DEFAULT_PORT = 2181
 # How many token znodes a source remembers having written (see ZooKeeperTokenSource._known).
 _KNOWN_PATHS = 10_000
+# How far the create-or-setData guess for unknown znodes looks back (see mint_many).
+_GUESS_MEMORY = 8
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
 
 
@@ -473,6 +475,8 @@ class ZooKeeperTokenSource:
         # Token znodes this process wrote (oldest first, bounded): minted with setData
         # first; others with create first. Only a hint: a wrong guess costs one request.
         self._known: dict[str, None] = {}
+        # Creates that found no znode minus creates that found one, within +-_GUESS_MEMORY.
+        self._creates_won = 0
         if client is not None:
             self._attach(client)
         _instances.add(self)
@@ -598,7 +602,10 @@ class ZooKeeperTokenSource:
         known = self._known
         # A znode this process has written exists (unless pruned since): setData. Any
         # other is most likely new: create it, its create being the one write.
-        creating = [path not in known for path in paths]
+        # Unknown beyond the bounded memory, an old resource would pay a failed create
+        # first: _creates_won tracks how create-first guesses have fared lately.
+        create_unknown = self._creates_won >= 0
+        creating = [create_unknown and path not in known for path in paths]
         stats: list[Any] = [None] * len(names)
         pending = list(range(len(names)))
         for _ in range(3):
@@ -618,9 +625,13 @@ class ZooKeeperTokenSource:
                     reply = self._collect(client, request, deadline, names[index], what, NoNodeError, NodeExistsError)
                 except (NoNodeError, NodeExistsError) as exc:
                     # Created by another minter meanwhile, or pruned: the other write will do.
+                    if creating[index]:
+                        self._creates_won = max(-_GUESS_MEMORY, self._creates_won - 1)
                     creating[index] = isinstance(exc, NoNodeError)
                     pending.append(index)
                     continue
+                if creating[index]:
+                    self._creates_won = min(_GUESS_MEMORY, self._creates_won + 1)
                 stats[index] = reply[1] if creating[index] else reply
                 self._remember(paths[index])
             if not pending:
