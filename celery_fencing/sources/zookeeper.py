@@ -605,7 +605,8 @@ class ZooKeeperTokenSource:
         # Unknown beyond the bounded memory, an old resource would pay a failed create
         # first: _creates_won tracks how create-first guesses have fared lately.
         create_unknown = self._creates_won >= 0
-        creating = [create_unknown and path not in known for path in paths]
+        unknown = [path not in known for path in paths]
+        creating = [create_unknown and new for new in unknown]
         stats: list[Any] = [None] * len(names)
         pending = list(range(len(names)))
         for _ in range(3):
@@ -625,13 +626,14 @@ class ZooKeeperTokenSource:
                     reply = self._collect(client, request, deadline, names[index], what, NoNodeError, NodeExistsError)
                 except (NoNodeError, NodeExistsError) as exc:
                     # Created by another minter meanwhile, or pruned: the other write will do.
-                    if creating[index]:
-                        self._creates_won = max(-_GUESS_MEMORY, self._creates_won - 1)
+                    if unknown[index]:
+                        self._guessed(isinstance(exc, NoNodeError))
+                        unknown[index] = False
                     creating[index] = isinstance(exc, NoNodeError)
                     pending.append(index)
                     continue
-                if creating[index]:
-                    self._creates_won = min(_GUESS_MEMORY, self._creates_won + 1)
+                if unknown[index]:
+                    self._guessed(creating[index])
                 stats[index] = reply[1] if creating[index] else reply
                 self._remember(paths[index])
             if not pending:
@@ -954,6 +956,11 @@ class ZooKeeperTokenSource:
             else:
                 message = f"ZooKeeper {what} failed ({self._where()}): {type(exc).__name__}: {exc}"
             raise TokenUnavailableError(message, resource=resource) from exc
+
+    def _guessed(self, was_new: bool) -> None:
+        # Evidence on an unknown znode: it was new (a create won, a setData found none) or not.
+        step = 1 if was_new else -1
+        self._creates_won = max(-_GUESS_MEMORY, min(_GUESS_MEMORY, self._creates_won + step))
 
     def _remember(self, path: str) -> None:
         known = self._known
