@@ -101,7 +101,7 @@ def run(sizes: list[int], rounds: int, count: int, fsync: bool) -> tuple[list[Ta
         recent = source.mint(names[largest][0])  # minted just now: prune keeps it
         highest = recent.value
         started = time.perf_counter()
-        pruned = source.prune(older_than=1.0, window=BATCH)
+        pruned = source.prune(older_than=1.0, window=BATCH, timeout=1800)
         elapsed = time.perf_counter() - started
         again = source.mint(names[largest][1])
         verdict = "ok" if again.value > highest else "WRONG"
