@@ -547,7 +547,8 @@ class Doctor:
                 "schedule far-future work with celery beat or a database row, not a long countdown",
             )
         elif scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-            exposed = [t.name for t in acks_late if (hard_limit(t) or math.inf) >= RABBITMQ_CONSUMER_TIMEOUT]
+            limit = RABBITMQ_CONSUMER_TIMEOUT
+            exposed = [t.name for t in acks_late if (hard_limit(t) or math.inf) >= limit]
             if exposed:
                 self.add(
                     "timing",
@@ -555,6 +556,19 @@ class Doctor:
                     f"acks_late tasks without a time limit below RabbitMQ's consumer_timeout (30 min by default): "
                     f"{_join(exposed)}; a delivery unacknowledged for longer closes the channel and is re-delivered",
                     "set time_limit below the server's consumer_timeout, or raise consumer_timeout in rabbitmq.conf",
+                )
+            delays = self._retry_delays(settings, fenced, user_tasks)
+            too_long = sorted((d for d in delays if d[0] >= limit), reverse=True)
+            if too_long:
+                listed = "; ".join(f"{who}: {delay:g}s" for delay, who in too_long[:5])
+                self.add(
+                    "timing",
+                    "note",
+                    f"retry delays not below RabbitMQ's consumer_timeout (30 min by default): {listed}. A message "
+                    "waiting for its ETA/countdown stays unacknowledged, and past consumer_timeout RabbitMQ closes "
+                    "the channel and re-delivers it, again and again",
+                    "keep retry delays below the server's consumer_timeout (fencing_retry_max_delay, "
+                    "default_retry_delay, retry_backoff_max)",
                 )
 
     def _retry_delays(self, settings: Any, fenced: list[Any], tasks: list[Any]) -> list[tuple[float, str]]:

@@ -128,3 +128,14 @@ def test_etcd_single_server_and_lease_ttl_are_reported(etcd_server: EtcdServer, 
     etcd = " ".join(findings(report, "etcd", "warning"))
     assert "one etcd server" in etcd
     assert "fencing_timeout=5s is not below the etcd lease_ttl (3s)" in etcd
+
+
+def test_rabbitmq_consumer_timeout_is_advice(tmp_path: Path, rabbitmq_url: str) -> None:
+    """On RabbitMQ, acks_late without a time limit and hour-long retry delays are pointed out as notes (exit 0):
+    the server's consumer_timeout is not visible from the app."""
+    env = {"CFT_BROKER": rabbitmq_url, "CFT_SOURCE": f"sqlite:///{tmp_path / 'tokens.db'}"}
+    done, report = doctor("tests.cli.apps.rabbitmq_delays", env)
+    assert done.code == 0, json.dumps(report, indent=1)
+    notes = " ".join(findings(report, "timing", "note"))
+    assert "without a time limit below RabbitMQ's consumer_timeout" in notes
+    assert "tests.cli.apps.rabbitmq_delays.job (fencing_retry_max_delay): 3600s" in notes
