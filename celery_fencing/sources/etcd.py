@@ -524,14 +524,21 @@ class EtcdTokenSource:
                 target=held._keep_alive, name=f"fencing-etcd-keepalive:{resource}", daemon=True
             )
             held._keeper.start()
-            locked = self._call(
-                "/v3/lock/lock",
-                {"name": _b64(self._lock_name(resource)), "lease": str(lease_id)},
-                deadline,
-                resource,
-                what="lock",
-                retry=False,
-            )
+            try:
+                locked = self._call(
+                    "/v3/lock/lock",
+                    {"name": _b64(self._lock_name(resource)), "lease": str(lease_id)},
+                    deadline,
+                    resource,
+                    what="lock",
+                    retry=False,
+                )
+            except TokenUnavailableError as exc:
+                raise TokenUnavailableError(
+                    f"the lease on {resource!r} was not obtained within the timeout (another holder kept it, "
+                    f"or etcd did not answer): {exc}",
+                    resource=resource,
+                ) from exc
             lock_key = base64.b64decode(locked.get("key", "")).decode("utf-8")
             found = self._call("/v3/kv/range", {"key": _b64(lock_key)}, deadline, resource, what="range")
             kvs = found.get("kvs") or []
@@ -678,23 +685,29 @@ class EtcdTokenSource:
 
     def _post(self, endpoint: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         connections = self._connections()
-        conn = connections.get(endpoint)
-        if conn is None:
-            host, _, port = endpoint.rpartition(":")
-            conn = connections[endpoint] = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
         payload = json.dumps(body).encode("utf-8")
-        try:
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
-            else:
-                conn.timeout = timeout
-            conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            status, raw = response.status, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            del connections[endpoint]
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        for fresh in (False, True):
+            conn = connections.get(endpoint)
+            reused = conn is not None and conn.sock is not None
+            if conn is None:
+                host, _, port = endpoint.rpartition(":")
+                conn = connections[endpoint] = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+            try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                else:
+                    conn.timeout = timeout
+                conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                status, raw = response.status, response.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                del connections[endpoint]
+                # A kept-alive connection the member closed meanwhile: one fresh try, at once.
+                if reused and not fresh and not isinstance(exc, TimeoutError):
+                    continue
+                raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         try:
             reply = json.loads(raw) if raw else {}
         except ValueError as exc:
