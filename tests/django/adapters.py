@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from celery_fencing import FencingToken, current_token
@@ -14,11 +13,20 @@ ALIASES = {"django_postgres": "postgres", "django_sqlite": "default"}
 
 
 def setup_django() -> None:
-    """Configure Django from tests.django.settings (the environment names the databases). Idempotent."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.django.settings")
+    """Configure Django from tests.django.settings (the environment names the databases). Idempotent.
+
+    Through ``settings.configure()``, not ``DJANGO_SETTINGS_MODULE``: that variable
+    would reach every worker process later tests start, and Celery's Django fix-up
+    would set Django up in them.
+    """
     import django
     from django.apps import apps
+    from django.conf import settings
 
+    if not settings.configured:
+        from tests.django import settings as project
+
+        settings.configure(**{name: getattr(project, name) for name in dir(project) if name.isupper()})
     if not apps.ready:
         django.setup()
 

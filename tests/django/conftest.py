@@ -21,9 +21,13 @@ def django_project(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) 
     plain_url = postgres_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(plain_url, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
-    os.environ["FENCING_DJANGO_POSTGRES"] = plain_url
-    os.environ["FENCING_DJANGO_SCHEMA"] = schema
-    os.environ["FENCING_DJANGO_SQLITE"] = str(tmp_path_factory.mktemp("django") / "gates.db")
+    # Read by tests/django/settings.py, here and in spawned children; removed at the end.
+    names = {
+        "FENCING_DJANGO_POSTGRES": plain_url,
+        "FENCING_DJANGO_SCHEMA": schema,
+        "FENCING_DJANGO_SQLITE": str(tmp_path_factory.mktemp("django") / "gates.db"),
+    }
+    os.environ.update(names)
     try:
         setup_django()
         from django.core.management import call_command
@@ -35,6 +39,8 @@ def django_project(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) 
         from django.db import connections
 
         connections.close_all()
+        for name in names:
+            os.environ.pop(name, None)
         with psycopg.connect(plain_url, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 

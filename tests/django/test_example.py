@@ -20,7 +20,6 @@ def _run(env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "examples.django"],
         cwd=ROOT,
-        # The gate tests set DJANGO_SETTINGS_MODULE in this process: the example has its own.
         env={**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "examples.django.settings", **env},
         capture_output=True,
         text=True,
