@@ -497,7 +497,7 @@ def verdict(result: RunResult) -> str:
                 f"destroyed W2's deposit of {result.lost}, and nobody was told)"
             )
         return f"fencing off: nothing lost (balance {result.balance}): the race did not happen"
-    if result.lost == 0 and result.refused:
+    if result.lost == 0 and result.refused and result.retried:
         return (
             f"fencing on: stale write rejected, task retried, nothing lost "
             f"(balance {result.balance} = {OPENING_BALANCE} + {FIRST_DEPOSIT} + {SECOND_DEPOSIT})"

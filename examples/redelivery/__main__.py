@@ -1,7 +1,7 @@
 """Run the re-delivery example: ``python -m examples.redelivery`` from the repository root.
 
 Starts two real workers with a 2 s Redis visibility timeout, sends one export
-of 8 chunks (about 4 s of work), and prints what happened: the broker
+of 10 chunks (about 5 s of work), and prints what happened: the broker
 re-delivers the running job, the newer execution resumes from the checkpoint,
 and the older one is fenced out at its next chunk. Needs Redis
 (``EXAMPLE_REDIS_URL``). Exits 0 when every chunk was written exactly once and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from examples._support import delete_redis_keys, unique, wait_until, workers
 
-CHUNKS = 8
+CHUNKS = 10
 
 
 def main() -> int:
