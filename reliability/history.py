@@ -92,24 +92,35 @@ def read_history(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 class HistoryTail:
-    """Reads the events appended to a history directory since the last call (for triggered nemeses)."""
+    """Reads the events appended to a history directory since the last call (for triggered nemeses).
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    Cheap enough to call every few milliseconds: the directory is listed at most
+    every ``rescan`` seconds, and a file is opened only when it grew.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, rescan: float = 0.25) -> None:
         self.directory = Path(directory)
+        self.rescan = rescan
+        self._paths: list[Path] = []
+        self._listed = -1e9
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
 
     def poll(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        if now - self._listed >= self.rescan:
+            self._paths = sorted(self.directory.glob("*.jsonl"))
+            self._listed = now
         events: list[dict[str, Any]] = []
-        for path in self.directory.glob("*.jsonl"):
+        for path in self._paths:
             offset = self._offsets.get(path, 0)
             try:
+                if path.stat().st_size <= offset:
+                    continue
                 with path.open("rb") as handle:
                     handle.seek(offset)
                     chunk = handle.read()
             except OSError:
-                continue
-            if not chunk:
                 continue
             self._offsets[path] = offset + len(chunk)
             data = self._partial.pop(path, b"") + chunk
