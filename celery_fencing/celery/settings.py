@@ -159,6 +159,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting(
+        "fencing_lock_delay",
+        0.0,
+        _non_negative_float,
+        "Exclusive mode: seconds a resource stays un-grantable after its holder failed (worker killed, session "
+        "lost) instead of releasing it, for sinks that cannot check tokens (0: off).",
+        metavar="SECONDS",
+    ),
+    Setting(
         "fencing_abort_on_session_loss",
         False,
         _flag,
@@ -185,6 +193,7 @@ class FencingSettings:
     retry_jitter: float
     allow_volatile_source: bool
     lease_reuse: float
+    lock_delay: float
     abort_on_session_loss: bool
 
 

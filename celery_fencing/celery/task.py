@@ -14,7 +14,9 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    goes to the task's on-stale policy: retry (new attempt, new token, re-read,
    redo), ignore, reject or raise. A token source that is unavailable, or a
    gate whose store is down at claim time, is retried with the same backoff:
-   the body never runs unfenced.
+   the body never runs unfenced. So is an
+   :class:`~celery_fencing.EffectPendingError` from the body (an idempotency
+   key claimed by another execution that has recorded no outcome yet).
 
 Task options (class attributes, or keyword arguments of ``@app.task``):
 
@@ -30,6 +32,11 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
     called once per worker process (for clients that must not cross fork).
 ``fencing_mode``
     ``"token"`` or ``"exclusive"`` (hold a ZooKeeper lease for the run).
+``fencing_lock_delay``
+    Exclusive mode: seconds the resource stays un-grantable after a holder
+    failed instead of releasing it (Chubby's lock-delay; default: the
+    ``fencing_lock_delay`` setting, 0). The task waits it out in place: its
+    lease timeout is ``fencing_timeout`` plus the delay.
 ``fencing_max_retries``, ``fencing_retry_countdown``, ``fencing_retry_backoff_factor``,
 ``fencing_retry_max_delay``, ``fencing_retry_jitter``
     Per-task overrides of the settings of the same name.
@@ -50,6 +57,7 @@ from celery.exceptions import Ignore, Reject
 
 from ..context import Execution, token_context
 from ..exceptions import (
+    EffectPendingError,
     FencingConfigurationError,
     FencingError,
     GateUnavailableError,
@@ -76,6 +84,7 @@ TASK_OPTIONS = frozenset(
         "fencing_on_stale",
         "fencing_gates",
         "fencing_mode",
+        "fencing_lock_delay",
         "fencing_max_retries",
         "fencing_retry_countdown",
         "fencing_retry_backoff_factor",
@@ -110,6 +119,7 @@ class FencedTask(Task):  # type: ignore[misc]
     fencing_on_stale: ClassVar[str | Policy | None] = None
     fencing_gates: ClassVar[Sequence[Gate] | Callable[[], Sequence[Gate]]] = ()
     fencing_mode: ClassVar[str | None] = None
+    fencing_lock_delay: ClassVar[float | None] = None
     fencing_max_retries: ClassVar[int | None] = None
     fencing_retry_countdown: ClassVar[float | None] = None
     fencing_retry_backoff_factor: ClassVar[float | None] = None
@@ -261,7 +271,17 @@ class FencedTask(Task):  # type: ignore[misc]
     def _take_lease(
         self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings
     ) -> HeldLease:
-        manager: AbstractContextManager[Any] = lease_factory(resource, timeout=settings.timeout)
+        options: dict[str, Any] = {"timeout": settings.timeout}
+        delay = self._option("lock_delay", settings)
+        if "lock_delay" in inspect.signature(lease_factory).parameters:
+            # Wait a lock-delay out in place: the lease may take the delay on top of the usual wait.
+            options.update(lock_delay=delay, timeout=settings.timeout + delay)
+        elif delay:
+            raise FencingConfigurationError(
+                f"task {self.name}: fencing_lock_delay={delay} needs a source whose lease() takes a lock_delay "
+                f"(ZooKeeperTokenSource); {lease_factory!r:.80} does not"
+            )
+        manager: AbstractContextManager[Any] = lease_factory(resource, **options)
         runtime.wait_for_lease(resource, +1)
         try:
             lease = manager.__enter__()
@@ -291,6 +311,19 @@ class FencedTask(Task):  # type: ignore[misc]
                 bool(request.get("fencing_resource_is_task_id")),
                 self._settings(),
                 phase="body",
+            )
+        except EffectPendingError as exc:
+            # Another execution claimed this effect's idempotency key and has recorded no
+            # outcome (yet): not a newer execution, so not for the stale policy. Retry with
+            # backoff: the repeat finds the outcome, or fails once retries run out.
+            keep_lease = False
+            self._fenced_out(
+                exc,
+                execution.token.resource,
+                bool(request.get("fencing_resource_is_task_id")),
+                self._settings(),
+                phase="body",
+                unavailable=True,
             )
         except FencingError:
             keep_lease = False

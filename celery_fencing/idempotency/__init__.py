@@ -20,9 +20,9 @@ Stores: :class:`MemoryIdempotencyStore` (unit tests), ``RedisIdempotencyStore``
 (``[redis]`` extra) and ``SQLIdempotencyStore`` (``[sql]`` extra; PostgreSQL,
 SQLite), imported lazily so naming one imports its driver only then.
 
-Idempotency keys do not stop a *stale* execution: a worker paused past a
-retry runs a different attempt of the same key only once, but a different
-task's effect on the same external resource is another key. Where the sink can
+Keys make repeats of one effect harmless; they do not order different
+effects: a stale execution of task A can still act on an external resource
+after task B did, because B's effect has another key. Where the sink can
 compare, use a gate or a conditional write (:mod:`celery_fencing.gates.http`);
 see the "When the storage cannot check tokens" page of the docs.
 """
