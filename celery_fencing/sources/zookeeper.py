@@ -1250,9 +1250,11 @@ class ZooKeeperTokenSource:
                 # through (it died, or timed out). Continue its countdown.
                 start_ms, version = stat.mtime, stat.version
                 now_ms = self._server_time_ms(client, resource, deadline)
+            # mtimes are whole milliseconds, truncated: wait for a "now" strictly past the end,
+            # so the delay is never a fraction of a millisecond short.
             end_ms = start_ms + delay_ms
-            while now_ms < end_ms:
-                remaining = (end_ms - now_ms) / 1000.0
+            while now_ms <= end_ms:
+                remaining = (end_ms - now_ms) / 1000.0 + 0.001
                 if time.monotonic() + remaining > deadline:
                     raise TokenUnavailableError(
                         f"lease on {resource!r} is in its lock-delay after a failed holder for another "
