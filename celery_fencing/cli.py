@@ -1,13 +1,16 @@
-"""The ``celery-fencing`` command: ``demo``, ``inspect`` and ``doctor``.
+"""The ``celery-fencing`` command: ``demo``, ``inspect``, ``doctor``, ``rebase`` and ``repair``.
 
 ::
 
     celery-fencing demo                       # the paused-writer race, live, no server needed
     celery-fencing inspect --source URL --gate URL RESOURCE...
     celery-fencing doctor -A proj.celery:app [--json]
+    celery-fencing rebase --source URL --gate URL [--yes] RESOURCE...   # marks of another grantor
+    celery-fencing repair --source URL --gate URL [--yes] RESOURCE...   # poisoned (too high) marks
 
-Exit codes: 0 all good; 1 findings (doctor), failures (demo) or a resource
-whose mark is above the source's counter (inspect); 2 usage or configuration
+Exit codes: 0 all good; 1 findings (doctor), failures (demo), a resource
+whose mark is above the source's counter (inspect), changes planned but not
+made without ``--yes`` or refused (rebase, repair); 2 usage or configuration
 error (a clear message, never a traceback); 130 interrupted.
 
 Drivers (celery, kazoo, redis, sqlalchemy) are imported only by the
@@ -100,6 +103,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("-A", "--app", metavar="APP", required=True, help="the Celery app: module or module:attr")
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    for name, summary, description in (
+        (
+            "rebase",
+            "move resources whose marks belong to another grantor (a wiped ZooKeeper) to the source's grantor",
+            "For each RESOURCE and gate, a mark held by another grantor than the source's (a ZooKeeper whose data "
+            "was wiped, a new SQLite file) is set to a token freshly minted by the source, with its grantor id. "
+            "Tokens of the old grantor are refused from then on. Prints every change; changes nothing without "
+            "--yes; logs each change on the celery_fencing.audit logger.",
+        ),
+        (
+            "repair",
+            "lower poisoned marks (above anything the grantor has issued) to a fresh token",
+            "For each RESOURCE, mint a fresh token and, at each gate, lower a mark of the same grantor that is "
+            "above it (a forged or corrupted token got in: every honest token is refused) to that fresh token. "
+            "Tokens minted before stay refused. Prints every change; changes nothing without --yes; logs each "
+            "change on the celery_fencing.audit logger. The fresh token is minted even without --yes.",
+        ),
+    ):
+        admin = sub.add_parser(name, help=summary, description=description)
+        admin.add_argument("--source", metavar="URL", required=True, help="the token source the workers use")
+        admin.add_argument(
+            "--gate", metavar="URL", action="append", default=[], help="a gate's store (repeatable), as for inspect"
+        )
+        admin.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
+        admin.add_argument("--sql-table", metavar="TABLE", default=None, help="SQLGate mark table (fencing_high_water)")
+        admin.add_argument("--yes", action="store_true", help="make the changes (without it: print them only)")
+        admin.add_argument("--json", action="store_true", help="print JSON instead of text")
+        admin.add_argument("resources", metavar="RESOURCE", nargs="+", help="resource names, e.g. account:42")
     return parser
 
 
@@ -197,6 +229,57 @@ def _run_doctor(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
+def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
+    from .operations.admin import apply_changes, open_admin_source, plan_rebase, plan_repair
+    from .operations.urls import OpenedGate, gate_from_url, redact
+
+    if not args.gate:
+        raise FencingConfigurationError(f"{args.command} needs at least one --gate URL (where the marks are kept)")
+    opened: list[OpenedGate] = []
+    source = None
+    try:
+        for url in args.gate:
+            opened.append(gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table))
+        source = open_admin_source(args.source)
+        grantor = source.grantor_id()  # type: ignore[attr-defined]
+        if args.command == "rebase":
+            changes = plan_rebase(grantor, opened, list(args.resources))
+        else:
+            changes = plan_repair(source, opened, list(args.resources))
+        if changes and args.yes:
+            apply_changes(changes, source, command=args.command)
+    finally:
+        if source is not None:
+            source.close()
+        for gate in opened:
+            gate.close()
+    failed = [change for change in changes if change.outcome.startswith("skipped")]
+    code = EXIT_FINDINGS if failed or (changes and not args.yes) else EXIT_OK
+    if args.json:
+        document = {
+            "command": args.command,
+            "source": redact(args.source),
+            "grantor": grantor,
+            "applied": bool(args.yes),
+            "changes": [change.to_json() for change in changes],
+            "exit_code": code,
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+        return code
+    out.write(f"{args.command}: source {redact(args.source)} (grantor {grantor})\n")
+    if not changes:
+        out.write("nothing to change\n")
+        return code
+    for change in changes:
+        verb = {"planned": "would change", "done": "changed"}.get(change.outcome, "NOT changed")
+        out.write(f"  {verb} {change.describe()}\n")
+        if change.outcome.startswith("skipped"):
+            out.write(f"    {change.outcome}\n")
+    if not args.yes:
+        out.write(f"\nnothing was changed: re-run with --yes to make these {len(changes)} change(s)\n")
+    return code
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip()]
@@ -224,6 +307,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return _run_inspect(args, out)
         if args.command == "doctor":
             return _run_doctor(args, out)
+        if args.command in ("rebase", "repair"):
+            return _run_admin(args, out)
         raise _UsageError(f"unknown command {args.command!r}")
     except _UsageError as exc:
         err.write(f"{exc}\n")

@@ -95,7 +95,7 @@ def resolve_token(token: object = None, *, resource: str | None = None) -> Fenci
             "a bare number carries no resource and cannot be checked"
         )
     # Re-validate: a frozen dataclass can still be mutated with object.__setattr__.
-    checked = FencingToken(token.resource, token.value)
+    checked = FencingToken(token.resource, token.value, token.grantor, token.signature)
     if resource is not None and validate_resource(resource) != checked.resource:
         raise ResourceMismatchError(
             f"token for resource {checked.resource!r} presented for resource {resource!r}",

@@ -6,6 +6,8 @@ whole family with one ``except`` clause::
     FencingError
      +-- InvalidTokenError            a token or resource that breaks the rules
      |    +-- ResourceMismatchError   a token presented for another resource's data
+     |    +-- GrantorMismatchError    a token from another grantor than the one the mark belongs to
+     |    +-- ForgedTokenError        a token whose origin a gate could not verify (signature, bound)
      +-- StaleTokenError              a gate refused a token below its high-water mark
      |    +-- StaleETagError          a conditional HTTP write got 412: the resource changed since it was read
      +-- TokenUnavailableError        the grantor could not mint a token in time
@@ -25,7 +27,9 @@ __all__ = [
     "EffectPendingError",
     "FencingConfigurationError",
     "FencingError",
+    "ForgedTokenError",
     "GateUnavailableError",
+    "GrantorMismatchError",
     "InvalidTokenError",
     "LeaseLostError",
     "ResourceMismatchError",
@@ -49,7 +53,8 @@ class FencingError(Exception):
 class InvalidTokenError(FencingError):
     """A token, token value or resource name that breaks the rules.
 
-    Raised before any I/O, so nothing has changed when it is raised.
+    Nothing has changed when it is raised: it is raised before any I/O, or,
+    for the mismatch subclasses, by the storage's own check, before any write.
     """
 
 
@@ -70,6 +75,66 @@ class ResourceMismatchError(InvalidTokenError):
         super().__init__(message)
         self.token_resource = token_resource
         self.expected_resource = expected_resource
+
+
+class GrantorMismatchError(InvalidTokenError):
+    """A token minted by one grantor was presented where another grantor's tokens are the mark.
+
+    Tokens are ordered only within one grantor: a ZooKeeper ensemble whose
+    data directory was wiped (or another ensemble, or a deleted SQLite file)
+    counts again from the start, below the marks already stored, so its
+    tokens would be refused forever, or let stale writers in where marks were
+    lost too. Nothing was written. It is not a :class:`StaleTokenError` on
+    purpose: a stale-token policy would mint again from the same grantor and
+    loop, or drop the task; this one needs an operator, and the way back is
+    ``celery-fencing rebase`` (see the security page of the docs).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str | None = None,
+        token_grantor: str | None = None,
+        expected_grantor: str | None = None,
+    ) -> None:
+        if not message:
+            message = (
+                f"token for resource {resource!r} was minted by grantor {token_grantor!r}, but the mark there "
+                f"belongs to grantor {expected_grantor!r}: the grantor was replaced or reset (a wiped ZooKeeper?), "
+                "or this is the wrong grantor; after checking, move the resource with `celery-fencing rebase`"
+            )
+        super().__init__(message)
+        self.resource = resource
+        self.token_grantor = token_grantor
+        self.expected_grantor = expected_grantor
+
+
+class ForgedTokenError(InvalidTokenError):
+    """A gate in a verification mode could not verify where a token came from.
+
+    Raised before any write, for a token without a signature, with an unknown
+    key id or a signature that does not match (signed mode), or with a value
+    above anything its grantor can have issued yet (the plausibility bound).
+    Nothing was written. ``reason`` says which check failed.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str | None = None,
+        token: int | None = None,
+        grantor: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        if not message:
+            message = f"token {token} for resource {resource!r} (grantor {grantor!r}) refused: {reason}"
+        super().__init__(message)
+        self.resource = resource
+        self.token = token
+        self.grantor = grantor
+        self.reason = reason
 
 
 class StaleTokenError(FencingError):

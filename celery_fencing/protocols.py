@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 from .token import FencingToken
 
-__all__ = ["Gate", "TokenSource"]
+__all__ = ["Gate", "TokenSource", "TokenVerifier"]
 
 
 @runtime_checkable
@@ -64,4 +64,20 @@ class Gate(Protocol):
 
     def high_water(self, resource: str) -> int | None:
         """Return the resource's mark, or ``None`` if it was never claimed or written."""
+        ...
+
+
+@runtime_checkable
+class TokenVerifier(Protocol):
+    """Checks where a token came from, before a gate lets it near the storage.
+
+    Gates built with ``verifier=`` call it on every token, after validation
+    and before any I/O: :class:`~celery_fencing.signing.TokenSigner` (signed
+    mode) and :class:`~celery_fencing.signing.PlausibilityBound` (no token
+    above what its grantor can have issued) are the two shipped.
+    """
+
+    def verify(self, token: FencingToken) -> None:
+        """Return if *token* may be used, else raise :class:`~celery_fencing.ForgedTokenError`
+        (or :class:`~celery_fencing.GrantorMismatchError`)."""
         ...

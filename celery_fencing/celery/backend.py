@@ -7,7 +7,10 @@ Configure with ``result_backend = "fenced+redis://127.0.0.1:6379/0"`` (or
 Beside each result key ``celery-task-meta-<id>`` it keeps a hash
 ``celery-task-fence-<id>`` with the highest token that wrote or claimed the
 result (``mark``, a 20-digit decimal string compared exactly as a string,
-never as a Lua number), the token's ``resource``, and the last ``state``.
+never as a Lua number), the token's ``resource`` and ``grantor`` id, and the
+last ``state``. A token of another grantor than the mark's (a wiped
+ZooKeeper) is treated like a stale one: its claim raises
+:class:`~celery_fencing.GrantorMismatchError`, its result write is dropped.
 Writing the result, the hash and the pub/sub notification is one Lua script:
 
 * A write carrying a token below the mark is **dropped**, logged and signalled
@@ -32,7 +35,7 @@ from typing import Any
 from celery import states
 from celery.backends.redis import RedisBackend
 
-from ..exceptions import StaleTokenError
+from ..exceptions import GrantorMismatchError, StaleTokenError
 from ..token import FencingToken, fixed_width
 from . import signals
 
@@ -43,13 +46,12 @@ logger = logging.getLogger("celery_fencing")
 # Write a task result under the fence.
 # KEYS[1] result key, KEYS[2] fence hash
 # ARGV[1] encoded meta, ARGV[2] token as 20 digits or "" for none, ARGV[3] resource or "",
-# ARGV[4] state, ARGV[5] "1" when the state is final, ARGV[6] expiry in seconds ("0": none)
+# ARGV[4] state, ARGV[5] "1" when the state is final, ARGV[6] expiry in seconds ("0": none),
+# ARGV[7] grantor id of the token or ""
 # returns {1} written; {0, reason, mark} dropped
 WRITE_RESULT = """
-local mark = redis.call('HGET', KEYS[2], 'mark')
-local owner = redis.call('HGET', KEYS[2], 'resource')
-local final = redis.call('HGET', KEYS[2], 'final')
-local state = redis.call('HGET', KEYS[2], 'state')
+local fence = redis.call('HMGET', KEYS[2], 'mark', 'resource', 'final', 'state', 'grantor')
+local mark, owner, final, state, grantor = fence[1], fence[2], fence[3], fence[4], fence[5]
 if ARGV[2] == '' then
   if mark and final == '1' then return {0, 'tokenless write over a final result written with a token', mark} end
   if state == 'SUCCESS' then return {0, 'tokenless write over SUCCESS', mark or ''} end
@@ -57,8 +59,12 @@ else
   if owner and owner ~= ARGV[3] then
     return {0, 'token of resource ' .. ARGV[3] .. ' for a result of ' .. owner, mark}
   end
+  if grantor and ARGV[7] ~= '' and grantor ~= ARGV[7] then
+    return {0, 'token of grantor ' .. ARGV[7] .. ' for a result fenced by grantor ' .. grantor, mark or ''}
+  end
   if mark and ARGV[2] < mark then return {0, 'stale token', mark} end
   redis.call('HSET', KEYS[2], 'mark', ARGV[2], 'resource', ARGV[3])
+  if ARGV[7] ~= '' and not grantor then redis.call('HSET', KEYS[2], 'grantor', ARGV[7]) end
 end
 redis.call('HSET', KEYS[2], 'state', ARGV[4], 'final', ARGV[5])
 local ttl = tonumber(ARGV[6])
@@ -73,16 +79,21 @@ return {1}
 """
 
 # Raise a result's mark when a fenced execution starts.
-# KEYS[1] fence hash; ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ("0": none)
-# returns {1} claimed; {0, reason, mark} refused
+# KEYS[1] fence hash; ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ("0": none),
+# ARGV[4] grantor id of the token or ""
+# returns {1} claimed; {0, reason, mark} refused; {0, reason, mark, grantor} refused for another grantor
 CLAIM_RESULT = """
-local mark = redis.call('HGET', KEYS[1], 'mark')
-local owner = redis.call('HGET', KEYS[1], 'resource')
+local fence = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor')
+local mark, owner, grantor = fence[1], fence[2], fence[3]
 if owner and owner ~= ARGV[2] then
   return {0, 'token of resource ' .. ARGV[2] .. ' for a result of ' .. owner, mark}
 end
+if grantor and ARGV[4] ~= '' and grantor ~= ARGV[4] then
+  return {0, 'token of grantor ' .. ARGV[4] .. ' for a result fenced by grantor ' .. grantor, mark or '', grantor}
+end
 if mark and ARGV[1] < mark then return {0, 'stale token', mark} end
 redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'resource', ARGV[2])
+if ARGV[4] ~= '' and not grantor then redis.call('HSET', KEYS[1], 'grantor', ARGV[4]) end
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 return {1}
@@ -137,13 +148,19 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         """Raise the result's mark to *token* at the start of a fenced execution.
 
         :raises StaleTokenError: a newer execution of this task already claimed or wrote.
+        :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
         _, claim = self._registered()
-        reply = self.ensure(
-            claim,
-            ([self.get_key_for_fence(task_id)], [fixed_width(token.value), token.resource, self._expiry("")]),
-        )
+        args = [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
+        reply = self.ensure(claim, ([self.get_key_for_fence(task_id)], args))
         if int(reply[0]) != 1:
+            if len(reply) > 3:
+                raise GrantorMismatchError(
+                    f"result of task {task_id}: {bytes_to_str(reply[1])}",
+                    resource=token.resource,
+                    token_grantor=token.grantor,
+                    expected_grantor=bytes_to_str(reply[3]),
+                )
             mark = bytes_to_str(reply[2]) if len(reply) > 2 and reply[2] else None
             raise StaleTokenError(
                 f"result of task {task_id} is fenced by a newer execution ({bytes_to_str(reply[1])})",
@@ -174,6 +191,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             state,
             "1" if state in states.READY_STATES else "0",
             self._expiry(state),
+            (token.grantor or "") if token else "",
         ]
         reply = self.ensure(write, (keys, args))
         if int(reply[0]) != 1:

@@ -3,6 +3,10 @@
 It implements exactly what the Redis and SQL gates implement, with a lock
 standing in for the storage's atomicity, so code that uses gates can be tested
 without a server. It shares nothing across processes.
+
+Grantors: each mark remembers the grantor of the tokens that set it; a token
+of another grantor raises :class:`~celery_fencing.GrantorMismatchError` and
+changes nothing. A mark without a grantor adopts the first one that passes it.
 """
 
 from __future__ import annotations
@@ -12,17 +16,24 @@ from typing import Any
 
 from ..context import resolve_token
 from ..exceptions import InvalidTokenError, ResourceMismatchError, StaleTokenError
-from ..token import FencingToken, validate_resource
+from ..protocols import TokenVerifier
+from ..token import FencingToken, Mark, check_grantor, validate_resource
 
 __all__ = ["MemoryGate"]
 
 
 class MemoryGate:
-    """A gate whose data, marks and key owners live in this process's memory. Thread-safe."""
+    """A gate whose data, marks and key owners live in this process's memory. Thread-safe.
 
-    def __init__(self) -> None:
+    :param verifier: checks every token's origin before it is used (signed
+        mode, plausibility bound); see :mod:`celery_fencing.signing`.
+    """
+
+    def __init__(self, *, verifier: TokenVerifier | None = None) -> None:
+        self.verifier = verifier
         self._lock = threading.Lock()
         self._marks: dict[str, int] = {}
+        self._grantors: dict[str, str] = {}
         self._owners: dict[str, str] = {}
         self._data: dict[str, Any] = {}
 
@@ -36,15 +47,24 @@ class MemoryGate:
                     token_resource=token.resource,
                     expected_resource=owner,
                 )
+        check_grantor(token, self._grantors.get(token.resource))
         mark = self._marks.get(token.resource)
         if mark is not None and token.value < mark:
             raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
         self._marks[token.resource] = token.value
+        if token.grantor is not None:
+            self._grantors[token.resource] = token.grantor
         if key is not None:
             self._owners[key] = token.resource
 
-    def claim(self, token: FencingToken | None = None) -> None:
+    def _checked(self, token: FencingToken | None) -> FencingToken:
         checked = resolve_token(token)
+        if self.verifier is not None:
+            self.verifier.verify(checked)
+        return checked
+
+    def claim(self, token: FencingToken | None = None) -> None:
+        checked = self._checked(token)
         with self._lock:
             self._advance(checked, None)
 
@@ -53,9 +73,42 @@ class MemoryGate:
         with self._lock:
             return self._marks.get(resource)
 
+    def mark(self, resource: str) -> Mark | None:
+        """Return the resource's mark with its grantor, or ``None`` if it was never claimed or written."""
+        validate_resource(resource)
+        with self._lock:
+            value = self._marks.get(resource)
+            return None if value is None else Mark(resource, value, self._grantors.get(resource))
+
+    def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
+        """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
+
+        For ``celery-fencing rebase`` and ``repair`` only: it bypasses the
+        ordering. The token is not verified (the operator's command mints it).
+
+        :raises StaleTokenError: the mark is no longer *expected* (nothing changed).
+        """
+        checked = resolve_token(token)
+        with self._lock:
+            value = self._marks.get(checked.resource)
+            current = None if value is None else Mark(checked.resource, value, self._grantors.get(checked.resource))
+            if current != expected:
+                raise StaleTokenError(
+                    f"the mark of {checked.resource!r} changed since it was read ({expected} -> {current}); "
+                    "nothing was reset",
+                    resource=checked.resource,
+                    token=checked.value,
+                    high_water=value,
+                )
+            self._marks[checked.resource] = checked.value
+            if checked.grantor is None:
+                self._grantors.pop(checked.resource, None)
+            else:
+                self._grantors[checked.resource] = checked.grantor
+
     def set(self, token: FencingToken | None, key: str, value: Any) -> None:
         """Store *value* at *key* if the token is not stale; bind *key* to the token's resource."""
-        checked = resolve_token(token)
+        checked = self._checked(token)
         _check_key(key)
         with self._lock:
             self._advance(checked, key)
@@ -63,7 +116,7 @@ class MemoryGate:
 
     def delete(self, token: FencingToken | None, key: str) -> None:
         """Remove *key* if the token is not stale. The key stays bound to its resource."""
-        checked = resolve_token(token)
+        checked = self._checked(token)
         _check_key(key)
         with self._lock:
             self._advance(checked, key)

@@ -16,6 +16,8 @@ Key layout, for a gate with ``prefix="fencing"``:
 ==================================  ==============================================
 ``fencing:mark:<resource>``         the resource's high-water mark: a 20-digit,
                                     zero-padded decimal string
+``fencing:grantor:<resource>``      the grantor id the mark belongs to (absent
+                                    until a token with a grantor passes the mark)
 ``fencing:owner:<key>``             the resource a data key is bound to, set on
                                     the key's first gated write, never removed
 ``<key>``                           your data, untouched by the gate's naming
@@ -23,7 +25,12 @@ Key layout, for a gate with ``prefix="fencing"``:
 
 Marks are compared as equal-width digit strings, never as Lua numbers: Lua
 numbers are doubles, exact only below 2**53 (2**53 + 1 compares equal to
-2**53), and tokens go up to 2**63 - 1.
+2**53), and tokens go up to 2**63 - 1. Grantor ids are compared exactly, in
+the same script: a token of another grantor is refused with
+:class:`~celery_fencing.GrantorMismatchError`, checked before its value (a
+wiped grantor's tokens are also low, and the mismatch is the news). A mark
+without a grantor key (written by tokens without a grantor, or by an older
+version of this library) adopts the grantor of the first token that passes it.
 
 Redis Cluster: a script may only touch keys of one hash slot. Put one hash tag
 in the resource and in every data key of that resource: with resource
@@ -61,8 +68,15 @@ from typing import Any, NoReturn
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 
 from ..context import resolve_token
-from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
-from ..token import FencingToken, validate_resource
+from ..exceptions import (
+    FencingConfigurationError,
+    GateUnavailableError,
+    GrantorMismatchError,
+    ResourceMismatchError,
+    StaleTokenError,
+)
+from ..protocols import TokenVerifier
+from ..token import FencingToken, Mark, validate_resource
 
 __all__ = [
     "CLAIM_SCRIPT",
@@ -70,10 +84,12 @@ __all__ = [
     "EVAL_SCRIPT_TEMPLATE",
     "HSET_SCRIPT",
     "MARK_WIDTH",
+    "RESET_SCRIPT",
     "SET_SCRIPT",
     "RedisGate",
     "decode_mark",
     "encode_mark",
+    "grantor_key",
     "mark_key",
     "owner_key",
 ]
@@ -89,16 +105,37 @@ MARK_WIDTH = 20
 CLAIM_SCRIPT = """\
 -- Claim: raise the resource's mark to the token unless the mark is above it.
 -- KEYS[1] mark key of the token's resource
+-- KEYS[2] grantor key of the token's resource
 -- ARGV[1] token, a 20-digit zero-padded decimal string
+-- ARGV[2] grantor id of the token, or '' for none
 -- returns 1 when the mark now equals the token;
---   error reply "FENCED stale <mark>" when the mark is above the token
-local mark = redis.call('GET', KEYS[1])
+--   error replies "FENCED grantor <grantor id>" when the mark belongs to
+--   another grantor, "FENCED stale <mark>" when the mark is above the token
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+local mark, grantor = state[1], state[2]
+if grantor and ARGV[2] ~= '' and grantor ~= ARGV[2] then return redis.error_reply('FENCED grantor ' .. grantor) end
 if mark then
   if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
   if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
-  if mark == ARGV[1] then return 1 end
 end
-redis.call('SET', KEYS[1], ARGV[1])
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[2] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+RESET_SCRIPT = """\
+-- Operator reset (celery-fencing rebase / repair): set the mark and its
+-- grantor, lower or not, if they are still what the operator read.
+-- KEYS[1] mark key, KEYS[2] grantor key
+-- ARGV[1] expected mark ('' for none), ARGV[2] expected grantor ('' for none)
+-- ARGV[3] new mark (20 digits), ARGV[4] new grantor ('' for none)
+-- returns 1 when reset; error reply "FENCED changed <mark>" when the mark moved
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+if (state[1] or '') ~= ARGV[1] or (state[2] or '') ~= ARGV[2] then
+  return redis.error_reply('FENCED changed ' .. (state[1] or '-'))
+end
+redis.call('SET', KEYS[1], ARGV[3])
+if ARGV[4] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2], ARGV[4]) end
 return 1
 """
 
@@ -106,9 +143,10 @@ return 1
 # the data key's owner with one MGET (one call less than two GETs, and this runs
 # on every write) and writes nothing, so a refused write changes nothing.
 _CHECK_ONE_KEY = """\
-local state = redis.call('MGET', KEYS[1], KEYS[2])
-local mark, owner = state[1], state[2]
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+local mark, grantor, owner = state[1], state[2], state[3]
 if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+if grantor and ARGV[3] ~= '' and grantor ~= ARGV[3] then return redis.error_reply('FENCED grantor ' .. grantor) end
 if mark then
   if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
   if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
@@ -121,34 +159,38 @@ end
 # MGET and one data write.
 _ADVANCE_ONE_KEY = """\
 if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if not owner then redis.call('SET', KEYS[2], ARGV[2]) end
+if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
+if not owner then redis.call('SET', KEYS[3], ARGV[2]) end
 return 1
 """
 
 _ONE_KEY_HEADER = """\
 -- KEYS[1] mark key of the token's resource
--- KEYS[2] owner key of the data key
--- KEYS[3] data key
+-- KEYS[2] grantor key of the token's resource
+-- KEYS[3] owner key of the data key
+-- KEYS[4] data key
 -- ARGV[1] token, a 20-digit zero-padded decimal string
 -- ARGV[2] resource of the token
+-- ARGV[3] grantor id of the token, or '' for none
 """
 
 _ONE_KEY_RETURNS = """\
 -- returns 1 when written; error replies "FENCED stale <mark>" (token below
---   the mark) and "FENCED owner <resource>" (the key belongs to another resource)
+--   the mark), "FENCED grantor <grantor id>" (the mark belongs to another
+--   grantor) and "FENCED owner <resource>" (the key belongs to another resource)
 """
 
 SET_SCRIPT = (
     "-- Gated SET.\n"
     + _ONE_KEY_HEADER
-    + "-- ARGV[3] value\n-- ARGV[4] optional: expiry in milliseconds\n"
+    + "-- ARGV[4] value\n-- ARGV[5] optional: expiry in milliseconds\n"
     + _ONE_KEY_RETURNS
     + _CHECK_ONE_KEY
     + """\
-if ARGV[4] then
-  redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+if ARGV[5] then
+  redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5])
 else
-  redis.call('SET', KEYS[3], ARGV[3])
+  redis.call('SET', KEYS[4], ARGV[4])
 end
 """
     + _ADVANCE_ONE_KEY
@@ -157,14 +199,14 @@ end
 HSET_SCRIPT = (
     "-- Gated HSET.\n"
     + _ONE_KEY_HEADER
-    + "-- ARGV[3 ..] field, value, field, value, ...\n"
+    + "-- ARGV[4 ..] field, value, field, value, ...\n"
     + _ONE_KEY_RETURNS
     + _CHECK_ONE_KEY
     # unpack() is bounded by Lua's C stack: large mappings go in chunks of 500
     # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
     + """\
-for i = 3, #ARGV, 1000 do
-  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+for i = 4, #ARGV, 1000 do
+  redis.call('HSET', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 """
     + _ADVANCE_ONE_KEY
@@ -175,27 +217,32 @@ DELETE_SCRIPT = (
     + _ONE_KEY_HEADER
     + _ONE_KEY_RETURNS
     + _CHECK_ONE_KEY
-    + "redis.call('DEL', KEYS[3])\n"
+    + "redis.call('DEL', KEYS[4])\n"
     + _ADVANCE_ONE_KEY
 )
 
 EVAL_SCRIPT_TEMPLATE = """\
 -- Gated EVAL: the caller's Lua body runs only after the fence check passed.
 -- KEYS[1] mark key of the token's resource
--- KEYS[2 .. n+1] owner keys of the caller's n data keys
--- KEYS[n+2 .. 2n+1] the caller's data keys (the body sees them as KEYS[1 .. n])
+-- KEYS[2] grantor key of the token's resource
+-- KEYS[3 .. n+2] owner keys of the caller's n data keys
+-- KEYS[n+3 .. 2n+2] the caller's data keys (the body sees them as KEYS[1 .. n])
 -- ARGV[1] token, a 20-digit zero-padded decimal string
 -- ARGV[2] resource of the token
--- ARGV[3 ..] the caller's arguments (the body sees them as ARGV[1 ..])
--- returns what the body returns; error replies "FENCED stale <mark>" and
---   "FENCED owner <resource>" when the check fails (the body has not run)
-local n = (#KEYS - 1) / 2
+-- ARGV[3] grantor id of the token, or '' for none
+-- ARGV[4 ..] the caller's arguments (the body sees them as ARGV[1 ..])
+-- returns what the body returns; error replies "FENCED stale <mark>",
+--   "FENCED grantor <grantor id>" and "FENCED owner <resource>" when the
+--   check fails (the body has not run)
+local n = (#KEYS - 2) / 2
 local owners = {}
-if n > 0 then owners = redis.call('MGET', unpack(KEYS, 2, n + 1)) end
+if n > 0 then owners = redis.call('MGET', unpack(KEYS, 3, n + 2)) end
 for i = 1, n do
   if owners[i] and owners[i] ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owners[i]) end
 end
-local mark = redis.call('GET', KEYS[1])
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+local mark, grantor = state[1], state[2]
+if grantor and ARGV[3] ~= '' and grantor ~= ARGV[3] then return redis.error_reply('FENCED grantor ' .. grantor) end
 if mark then
   if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
   if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
@@ -203,12 +250,13 @@ end
 -- Advance before the body: Redis does not undo the writes of a script that
 -- fails half-way, so the mark must already cover whatever the body writes.
 if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
 for i = 1, n do
-  if not owners[i] then redis.call('SET', KEYS[1 + i], ARGV[2]) end
+  if not owners[i] then redis.call('SET', KEYS[2 + i], ARGV[2]) end
 end
 local data_keys, data_args = {}, {}
-for i = 1, n do data_keys[i] = KEYS[n + 1 + i] end
-for i = 3, #ARGV do data_args[i - 2] = ARGV[i] end
+for i = 1, n do data_keys[i] = KEYS[n + 2 + i] end
+for i = 4, #ARGV do data_args[i - 3] = ARGV[i] end
 local function body(KEYS, ARGV)
 %s
 end
@@ -223,6 +271,11 @@ _MAX_CACHED_BODIES = 256
 def mark_key(prefix: str, resource: str) -> str:
     """Return the name of the key holding *resource*'s mark (``<prefix>:mark:<resource>``)."""
     return f"{prefix}:mark:{resource}"
+
+
+def grantor_key(prefix: str, resource: str) -> str:
+    """Return the name of the key holding the grantor id of *resource*'s mark (``<prefix>:grantor:<resource>``)."""
+    return f"{prefix}:grantor:{resource}"
 
 
 def owner_key(prefix: str, key: str) -> str:
@@ -258,19 +311,23 @@ class RedisGate:
 
     :param client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client,
         with or without ``decode_responses``.
-    :param prefix: namespace of the gate's own keys (marks and owners). It
-        must contain no ``{`` or ``}``, which would capture the hash tag.
+    :param prefix: namespace of the gate's own keys (marks, grantors and
+        owners). It must contain no ``{`` or ``}``, which would capture the hash tag.
+    :param verifier: checks every token's origin before it is used (signed
+        mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
     :raises FencingConfigurationError: for a bad prefix.
 
     Token ``None`` means the current token (:func:`~celery_fencing.current_token`).
     """
 
-    def __init__(self, client: Any, *, prefix: str = "fencing") -> None:
+    def __init__(self, client: Any, *, prefix: str = "fencing", verifier: TokenVerifier | None = None) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise FencingConfigurationError(f"RedisGate prefix must be a non-empty str without braces, not {prefix!r}")
         self.client = client
         self.prefix = prefix
+        self.verifier = verifier
         self._mark_prefix = f"{prefix}:mark:"
+        self._grantor_prefix = f"{prefix}:grantor:"
         self._owner_prefix = f"{prefix}:owner:"
         # register_script only hashes the source: no I/O here, and once per
         # gate rather than per call. _run sends EVALSHA and loads the source
@@ -282,6 +339,7 @@ class RedisGate:
         self._set_script: Any = client.register_script(SET_SCRIPT)
         self._hset_script: Any = client.register_script(HSET_SCRIPT)
         self._delete_script: Any = client.register_script(DELETE_SCRIPT)
+        self._reset_script: Any = client.register_script(RESET_SCRIPT)
         self._bodies: dict[str, Any] = {}
 
     # Key names ----------------------------------------------------------------
@@ -290,9 +348,22 @@ class RedisGate:
         """Return the name of the key holding *resource*'s mark."""
         return self._mark_prefix + resource
 
+    def grantor_key(self, resource: str) -> str:
+        """Return the name of the key holding the grantor id of *resource*'s mark."""
+        return self._grantor_prefix + resource
+
     def owner_key(self, key: str) -> str:
         """Return the name of the key recording the resource that owns data key *key*."""
         return self._owner_prefix + key
+
+    def _checked(self, token: FencingToken | None) -> FencingToken:
+        checked = resolve_token(token)
+        if self.verifier is not None:
+            self.verifier.verify(checked)
+        return checked
+
+    def _fence_keys(self, token: FencingToken) -> list[str]:
+        return [self._mark_prefix + token.resource, self._grantor_prefix + token.resource]
 
     # Gate protocol ------------------------------------------------------------
 
@@ -300,11 +371,14 @@ class RedisGate:
         """Raise the mark of ``token.resource`` to ``token.value``.
 
         :raises StaleTokenError: the mark is above the token (nothing changed).
+        :raises GrantorMismatchError: the mark belongs to another grantor (nothing changed).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
-        checked = resolve_token(token)
-        self._run(self._claim_script, checked, [self._mark_prefix + checked.resource], [encode_mark(checked.value)])
+        checked = self._checked(token)
+        self._run(
+            self._claim_script, checked, self._fence_keys(checked), [encode_mark(checked.value), _grantor_arg(checked)]
+        )
 
     def high_water(self, resource: str) -> int | None:
         """Return the resource's mark, or ``None`` if it was never claimed or written.
@@ -319,6 +393,41 @@ class RedisGate:
             _unavailable(exc)
         return None if raw is None else decode_mark(raw)
 
+    def mark(self, resource: str) -> Mark | None:
+        """Return the resource's mark with its grantor, or ``None`` if it was never claimed or written.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            raw, grantor = self.client.mget([self._mark_prefix + resource, self._grantor_prefix + resource])
+        except RedisError as exc:
+            _unavailable(exc)
+        if raw is None:
+            return None
+        text = grantor.decode("utf-8", "replace") if isinstance(grantor, bytes) else grantor
+        return Mark(resource, decode_mark(raw), text)
+
+    def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
+        """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
+
+        For ``celery-fencing rebase`` and ``repair`` only: it bypasses the
+        ordering, in one script that first checks the mark and its grantor
+        are what the operator read. The token is not verified.
+
+        :raises StaleTokenError: the mark is no longer *expected* (nothing changed).
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        args = [
+            "" if expected is None else encode_mark(expected.value),
+            "" if expected is None or expected.grantor is None else expected.grantor,
+            encode_mark(checked.value),
+            _grantor_arg(checked),
+        ]
+        self._run(self._reset_script, checked, self._fence_keys(checked), args)
+
     # Gated writes -------------------------------------------------------------
 
     def set(self, token: FencingToken | None, key: str, value: Any, *, ex: float | timedelta | None = None) -> None:
@@ -331,14 +440,12 @@ class RedisGate:
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         _check_key(key)
-        args = [encode_mark(checked.value), checked.resource, value]
+        args = [encode_mark(checked.value), checked.resource, _grantor_arg(checked), value]
         if ex is not None:
             args.append(_expiry_ms(ex))
-        self._run(
-            self._set_script, checked, [self._mark_prefix + checked.resource, self._owner_prefix + key, key], args
-        )
+        self._run(self._set_script, checked, [*self._fence_keys(checked), self._owner_prefix + key, key], args)
 
     def hset(self, token: FencingToken | None, key: str, mapping: Mapping[Any, Any]) -> None:
         """``HSET key field value ...`` for every item of *mapping*, if the token is not stale.
@@ -346,15 +453,15 @@ class RedisGate:
         Raises as :meth:`set` does; also ``ValueError`` for an empty mapping.
         A key holding another type fails with ``WRONGTYPE`` and changes nothing.
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         _check_key(key)
         if not isinstance(mapping, Mapping) or not mapping:
             raise ValueError("hset needs a non-empty mapping")
-        args: list[Any] = [encode_mark(checked.value), checked.resource]
+        args: list[Any] = [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
         for field, value in mapping.items():
             args.append(field)
             args.append(value)
-        keys = [self._mark_prefix + checked.resource, self._owner_prefix + key, key]
+        keys = [*self._fence_keys(checked), self._owner_prefix + key, key]
         self._run(self._hset_script, checked, keys, args)
 
     def delete(self, token: FencingToken | None, key: str) -> None:
@@ -362,10 +469,12 @@ class RedisGate:
 
         Raises as :meth:`set` does.
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         _check_key(key)
-        keys = [self._mark_prefix + checked.resource, self._owner_prefix + key, key]
-        self._run(self._delete_script, checked, keys, [encode_mark(checked.value), checked.resource])
+        keys = [*self._fence_keys(checked), self._owner_prefix + key, key]
+        self._run(
+            self._delete_script, checked, keys, [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
+        )
 
     def eval(
         self,
@@ -389,7 +498,7 @@ class RedisGate:
         :raises GateUnavailableError: Redis failed, or the body raised an error
             (the ``ResponseError`` is chained).
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         if not isinstance(script, str) or not script.strip():
             raise ValueError("eval needs a non-empty Lua body")
         key_list = list(keys)
@@ -400,10 +509,11 @@ class RedisGate:
             if len(self._bodies) >= _MAX_CACHED_BODIES:
                 self._bodies.clear()
             wrapped = self._bodies[script] = self.client.register_script(EVAL_SCRIPT_TEMPLATE % script)
-        all_keys = [self._mark_prefix + checked.resource]
+        all_keys = self._fence_keys(checked)
         all_keys.extend(self._owner_prefix + key for key in key_list)
         all_keys.extend(key_list)
-        return self._run(wrapped, checked, all_keys, [encode_mark(checked.value), checked.resource, *args])
+        fence_args = [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
+        return self._run(wrapped, checked, all_keys, [*fence_args, *args])
 
     # Reads --------------------------------------------------------------------
 
@@ -451,6 +561,15 @@ def _raise_fenced(message: str, token: FencingToken) -> NoReturn:
     _, kind, detail = message.split(" ", 2)
     if kind == "stale":
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=decode_mark(detail))
+    if kind == "grantor":
+        raise GrantorMismatchError(resource=token.resource, token_grantor=token.grantor, expected_grantor=detail)
+    if kind == "changed":
+        raise StaleTokenError(
+            f"the mark of {token.resource!r} changed since it was read (it is now {detail}); nothing was reset",
+            resource=token.resource,
+            token=token.value,
+            high_water=None if detail == "-" else decode_mark(detail),
+        )
     if kind == "owner":
         raise ResourceMismatchError(
             f"key belongs to resource {detail!r}, not {token.resource!r}",
@@ -458,6 +577,10 @@ def _raise_fenced(message: str, token: FencingToken) -> NoReturn:
             expected_resource=detail,
         )
     raise GateUnavailableError(f"{detail} does not hold a {MARK_WIDTH}-digit mark", gate="RedisGate")
+
+
+def _grantor_arg(token: FencingToken) -> str:
+    return "" if token.grantor is None else token.grantor
 
 
 def _unavailable(exc: RedisError) -> NoReturn:

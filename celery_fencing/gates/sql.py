@@ -25,10 +25,21 @@ builds it into your own ``MetaData`` for migrations)::
 
     resource  VARCHAR(200) PRIMARY KEY   (VARBINARY(800) on MySQL/MariaDB)
     token     BIGINT NOT NULL  CHECK (token >= 1 AND token <= 9223372036854775807)
+    grantor   VARCHAR(64) NULL           (VARBINARY(64) on MySQL/MariaDB)
 
-On MySQL and MariaDB the resource column is binary: their default collations
-ignore case and trailing spaces, which would make ``"Acct"``, ``"acct"`` and
-``"acct "`` share one mark.
+On MySQL and MariaDB the resource and grantor columns are binary: their
+default collations ignore case and trailing spaces, which would make
+``"Acct"``, ``"acct"`` and ``"acct "`` share one mark.
+
+Grantors: the upsert also compares the token's grantor id with the row's
+(exactly, in the same statement): a token of another grantor is refused with
+:class:`~celery_fencing.GrantorMismatchError`, and a row whose grantor is
+NULL (written by tokens without one, or by an older version) adopts the
+first grantor that passes it. A mark table created before the ``grantor``
+column existed keeps working without the grantor check (the gate looks once,
+and logs a warning naming the migration): ``create_schema()`` adds the column,
+or run ``ALTER TABLE fencing_high_water ADD COLUMN grantor VARCHAR(64)``
+(``VARBINARY(64)`` on MySQL/MariaDB). Column mode does not check grantors.
 
 The upsert, per dialect (rowcount 0, or a non-zero insert id on MySQL, means stale):
 
@@ -58,6 +69,7 @@ as its engine (share one engine between threads; dispose of it after ``fork()``)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -86,9 +98,20 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ..context import resolve_token
 from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
-from ..token import MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE, FencingToken, validate_resource
+from ..protocols import TokenVerifier
+from ..token import (
+    MAX_GRANTOR_LENGTH,
+    MAX_RESOURCE_LENGTH,
+    MAX_TOKEN_VALUE,
+    FencingToken,
+    Mark,
+    check_grantor,
+    validate_resource,
+)
 
 __all__ = ["DEFAULT_TABLE", "SQLGate", "Utf8VarBinary", "high_water_table"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TABLE = "fencing_high_water"
 
@@ -133,9 +156,14 @@ def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: s
         metadata,
         Column("resource", resource_type, primary_key=True),
         Column("token", BigInteger, nullable=False),
+        Column("grantor", _grantor_type(), nullable=True),
         CheckConstraint(f"token >= 1 AND token <= {MAX_TOKEN_VALUE}", name=f"{name[:48]}_token_range"),
         schema=schema,
     )
+
+
+def _grantor_type() -> Any:
+    return String(MAX_GRANTOR_LENGTH).with_variant(Utf8VarBinary(MAX_GRANTOR_LENGTH), "mysql", "mariadb")
 
 
 class SQLGate:
@@ -156,6 +184,8 @@ class SQLGate:
     :param table: name of the mark table.
     :param schema: schema of the mark table.
     :param metadata: ``MetaData`` to define the table in (default: a private one).
+    :param verifier: checks every token's origin before it is used (signed
+        mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
     :raises FencingConfigurationError: for an unsupported database.
     """
 
@@ -166,11 +196,13 @@ class SQLGate:
         table: str = DEFAULT_TABLE,
         schema: str | None = None,
         metadata: MetaData | None = None,
+        verifier: TokenVerifier | None = None,
     ) -> None:
         dialect = engine.dialect.name
         if dialect not in _SUPPORTED:
             raise FencingConfigurationError(f"SQLGate supports PostgreSQL, MySQL, MariaDB and SQLite, not {dialect!r}")
         self.engine = engine
+        self.verifier = verifier
         self._dialect = dialect
         self._mysql = dialect in _MYSQL_FAMILY
         self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
@@ -178,23 +210,48 @@ class SQLGate:
         t = self._table
         resource = bindparam("resource", type_=t.c.resource.type)
         token = bindparam("token", type_=t.c.token.type)
+        grantor = bindparam("grantor", type_=t.c.grantor.type)
         # Built once: SQLAlchemy memoises a statement's cache key, so reusing the
         # object skips compilation and cache-key generation on every call.
         self._select_mark = select(t.c.token).where(t.c.resource == resource)
+        self._select_mark_grantor = select(t.c.token, t.c.grantor).where(t.c.resource == resource)
+        # Whether the table has the grantor column: None until first looked at.
+        self._grantor_column: bool | None = None
         if self._mysql:
             my = mysql.insert(t).values(resource=resource, token=token)
-            self._upsert: Any = my.on_duplicate_key_update(
+            self._legacy_upsert: Any = my.on_duplicate_key_update(
                 token=func.if_(t.c.token <= my.inserted.token, my.inserted.token, func.last_insert_id(t.c.token))
             )
-        else:
-            ins = (postgresql.insert(t) if dialect == "postgresql" else sqlite.insert(t)).values(
-                resource=resource, token=token
+            myg = mysql.insert(t).values(resource=resource, token=token, grantor=grantor)
+            accept = and_(
+                t.c.token <= myg.inserted.token,
+                or_(t.c.grantor.is_(None), myg.inserted.grantor.is_(None), t.c.grantor == myg.inserted.grantor),
             )
+            # MySQL assigns left to right and later expressions see earlier results: grantor
+            # first, and `accept` still holds after it (an adopted grantor equals the token's).
+            self._upsert: Any = myg.on_duplicate_key_update(
+                [
+                    ("grantor", func.if_(accept, func.coalesce(myg.inserted.grantor, t.c.grantor), t.c.grantor)),
+                    ("token", func.if_(accept, myg.inserted.token, func.last_insert_id(t.c.token))),
+                ]
+            )
+        else:
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            ins = insert(t).values(resource=resource, token=token)
             # preserve_rowcount: SQLAlchemy reports an INSERT's rowcount only when asked.
-            self._upsert = ins.on_conflict_do_update(
+            self._legacy_upsert = ins.on_conflict_do_update(
                 index_elements=[t.c.resource],
                 set_={"token": ins.excluded.token},
                 where=t.c.token <= ins.excluded.token,
+            ).execution_options(preserve_rowcount=True)
+            insg = insert(t).values(resource=resource, token=token, grantor=grantor)
+            self._upsert = insg.on_conflict_do_update(
+                index_elements=[t.c.resource],
+                set_={"token": insg.excluded.token, "grantor": func.coalesce(insg.excluded.grantor, t.c.grantor)},
+                where=and_(
+                    t.c.token <= insg.excluded.token,
+                    or_(t.c.grantor.is_(None), insg.excluded.grantor.is_(None), t.c.grantor == insg.excluded.grantor),
+                ),
             ).execution_options(preserve_rowcount=True)
 
     @property
@@ -203,7 +260,9 @@ class SQLGate:
         return self._table
 
     def create_schema(self) -> None:
-        """Create the mark table if it does not exist. Idempotent, also when run concurrently.
+        """Create the mark table if it does not exist, or add the ``grantor`` column to an older one.
+
+        Idempotent, also when run concurrently.
 
         :raises GateUnavailableError: the database failed or could not be reached.
         """
@@ -217,6 +276,44 @@ class SQLGate:
                 exists = False
             if not exists:
                 _unavailable(exc, "creating the mark table")
+        try:
+            with self.engine.begin() as conn:
+                if not self._table_has_grantor(conn):
+                    conn.exec_driver_sql(self.grantor_column_ddl())
+                    log.warning("added the grantor column to the mark table %s", self._table.name)
+        except sa_exc.SQLAlchemyError as exc:
+            with self.engine.connect() as conn:
+                if not self._table_has_grantor(conn):
+                    _unavailable(exc, "adding the grantor column")
+        self._grantor_column = None
+
+    def grantor_column_ddl(self) -> str:
+        """The ``ALTER TABLE ... ADD COLUMN grantor ...`` that migrates a mark table made before grantor ids."""
+        preparer = self.engine.dialect.identifier_preparer
+        column_type = self._table.c.grantor.type.compile(dialect=self.engine.dialect)
+        return f"ALTER TABLE {preparer.format_table(self._table)} ADD COLUMN grantor {column_type} NULL"
+
+    def _table_has_grantor(self, conn: Connection) -> bool:
+        columns = inspect(conn).get_columns(self._table.name, schema=self._table.schema)
+        return any(column["name"] == "grantor" for column in columns)
+
+    def _uses_grantor(self, conn: Connection) -> bool:
+        """Whether the mark table has the grantor column: looked at once, on the caller's connection."""
+        known = self._grantor_column
+        if known is None:
+            try:
+                known = self._table_has_grantor(conn)
+            except sa_exc.NoSuchTableError:
+                return True  # the upsert then fails as it always did: the table is missing
+            if not known:
+                log.warning(
+                    "mark table %s has no grantor column: tokens of another grantor (a wiped or different "
+                    "ZooKeeper) are not detected at this gate. Migrate with SQLGate.create_schema() or: %s",
+                    self._table.name,
+                    self.grantor_column_ddl(),
+                )
+            self._grantor_column = known
+        return known
 
     # Gate protocol ------------------------------------------------------------
 
@@ -224,6 +321,7 @@ class SQLGate:
         """Raise the mark of ``token.resource`` to ``token.value``, in a transaction of its own.
 
         :raises StaleTokenError: the mark is above the token (nothing changed).
+        :raises GrantorMismatchError: the mark belongs to another grantor (nothing changed).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
@@ -244,6 +342,65 @@ class SQLGate:
         except sa_exc.SQLAlchemyError as exc:
             _unavailable(exc, "reading the mark")
 
+    def mark(self, resource: str) -> Mark | None:
+        """Return the resource's committed mark with its grantor, or ``None`` if it was never claimed.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            with self.engine.connect() as conn:
+                if not self._uses_grantor(conn):
+                    value = conn.execute(self._select_mark, {"resource": resource}).scalar_one_or_none()
+                    return None if value is None else Mark(resource, int(value))
+                row = conn.execute(self._select_mark_grantor, {"resource": resource}).one_or_none()
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "reading the mark")
+        return None if row is None else Mark(resource, int(row[0]), row[1])
+
+    def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
+        """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
+
+        For ``celery-fencing rebase`` and ``repair`` only: it bypasses the
+        ordering, in one conditional statement (an ``UPDATE`` matching the
+        expected value and grantor, or an ``INSERT`` when there was no mark).
+        The token is not verified. On a table without the grantor column only
+        the value is reset.
+
+        :raises StaleTokenError: the mark is no longer *expected* (nothing changed).
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        t = self._table
+        try:
+            with self.engine.begin() as conn:
+                with_grantor = self._uses_grantor(conn)
+                values: dict[str, Any] = {"token": checked.value}
+                if with_grantor:
+                    values["grantor"] = checked.grantor
+                if expected is None:
+                    count = conn.execute(self._insert_if_absent(checked.resource, values)).rowcount
+                else:
+                    condition = and_(t.c.resource == checked.resource, t.c.token == expected.value)
+                    if with_grantor:
+                        condition = and_(
+                            condition,
+                            t.c.grantor.is_(None) if expected.grantor is None else t.c.grantor == expected.grantor,
+                        )
+                    count = conn.execute(update(t).where(condition).values(**values)).rowcount
+                if count != 1:
+                    current = conn.execute(self._select_mark, {"resource": checked.resource}).scalar_one_or_none()
+                    raise StaleTokenError(
+                        f"the mark of {checked.resource!r} changed since it was read (expected {expected}, "
+                        f"now {current}); nothing was reset",
+                        resource=checked.resource,
+                        token=checked.value,
+                        high_water=current,
+                    )
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "resetting the mark")
+
     # Transaction mode ---------------------------------------------------------
 
     def transaction(self, token: FencingToken | None = None) -> AbstractContextManager[Connection]:
@@ -258,11 +415,26 @@ class SQLGate:
         The token is checked when this method is called, before any I/O.
 
         :raises StaleTokenError: on entering, for a token below the mark (rolled back).
+        :raises GrantorMismatchError: on entering, for a token of another grantor (rolled back).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be
             reached, on entering or at COMMIT.
         """
-        return _FencedTransaction(self, resolve_token(token))
+        return _FencedTransaction(self, self._checked(token))
+
+    def _insert_if_absent(self, resource: str, values: dict[str, Any]) -> Any:
+        t = self._table
+        if self._mysql:
+            return mysql.insert(t).values(resource=resource, **values).prefix_with("IGNORE")
+        insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+        statement = insert(t).values(resource=resource, **values).on_conflict_do_nothing(index_elements=[t.c.resource])
+        return statement.execution_options(preserve_rowcount=True)
+
+    def _checked(self, token: FencingToken | None) -> FencingToken:
+        checked = resolve_token(token)
+        if self.verifier is not None:
+            self.verifier.verify(checked)
+        return checked
 
     def guard(self, connection: Connection, token: FencingToken | None = None) -> None:
         """Advance the mark inside a transaction the caller already holds on *connection*.
@@ -274,12 +446,13 @@ class SQLGate:
         visible; until then, the row lock holds off other writers.
 
         :raises StaleTokenError: the token is below the mark.
+        :raises GrantorMismatchError: the mark belongs to another grantor.
         :raises InvalidTokenError: bad token, before any I/O.
         :raises FencingConfigurationError: *connection* is not in a
             transaction, or belongs to another kind of database.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         if not isinstance(connection, Connection):
             raise TypeError(f"guard() needs a sqlalchemy Connection, not {type(connection).__name__}")
         if not connection.in_transaction():
@@ -294,23 +467,28 @@ class SQLGate:
         self._advance(connection, checked)
 
     def _advance(self, conn: Connection, token: FencingToken) -> None:
-        params = {"resource": token.resource, "token": token.value}
+        params: dict[str, Any] = {"resource": token.resource, "token": token.value}
         try:
-            result = conn.execute(self._upsert, params)
-            if self._mysql:
-                # LAST_INSERT_ID(token) ran only on refusal: the insert id is the mark.
-                mark: int | None = result.lastrowid or None
-            elif result.rowcount == 0:
-                # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT
-                # locks the conflicting row even when WHERE fails), so this reads
-                # the mark that refused us.
-                mark = conn.execute(self._select_mark, params).scalar_one()
-            else:
+            with_grantor = self._uses_grantor(conn)
+            if with_grantor:
+                # Only then: Core would add an execution parameter named like a column to the INSERT.
+                params["grantor"] = token.grantor
+            result = conn.execute(self._upsert if with_grantor else self._legacy_upsert, params)
+            # MySQL: LAST_INSERT_ID(token) ran only on refusal, so the insert id is not 0.
+            # Others: the DO UPDATE ... WHERE refused, and the row is locked (ON CONFLICT
+            # locks the conflicting row even when WHERE fails).
+            refused = bool(result.lastrowid) if self._mysql else result.rowcount == 0
+            if not refused:
                 return
+            # Read the mark (and grantor) that refused us, under the row lock.
+            if with_grantor:
+                mark, grantor = conn.execute(self._select_mark_grantor, params).one()
+            else:
+                mark, grantor = conn.execute(self._select_mark, params).scalar_one(), None
         except sa_exc.SQLAlchemyError as exc:
             _unavailable(exc, "advancing the mark")
-        if mark is not None:
-            raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
+        check_grantor(token, grantor)
+        raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
 
     # Column mode --------------------------------------------------------------
 

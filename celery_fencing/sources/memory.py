@@ -10,6 +10,7 @@ unless ``fencing_allow_volatile_source`` is set.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 
 from ..token import FencingToken, validate_resource
@@ -30,6 +31,8 @@ class MemoryTokenSource:
     volatile = True
 
     def __init__(self, start: int = 0) -> None:
+        #: A new id per instance: a "restarted" memory source is a new grantor.
+        self.grantor = f"memory-{secrets.token_hex(8)}"
         self._lock = threading.Lock()
         self._last = start
         self._closed = False
@@ -43,7 +46,11 @@ class MemoryTokenSource:
         validate_resource(resource)
         with self._lock:
             self._last += 1
-            return FencingToken(resource, self._last)
+            return FencingToken(resource, self._last, self.grantor)
+
+    def grantor_id(self, *, timeout: float | None = None) -> str:
+        """Return this instance's grantor id."""
+        return self.grantor
 
     def close(self) -> None:
         self._closed = True

@@ -7,7 +7,11 @@ lock. The counter is on disk with ``synchronous=FULL`` in WAL mode, so a value
 once returned survives a crash or power loss and is never returned again.
 
 Deleting the file resets the counters: tokens then restart below the marks the
-gates hold, and every writer is refused. Treat the file as state to back up.
+gates hold. The file also holds the grantor's identity (a random id, created
+with the file), so a new file is a new grantor: the gates refuse its tokens
+with :class:`~celery_fencing.GrantorMismatchError` rather than comparing them
+with the old file's marks, until ``celery-fencing rebase`` moves the resources
+over. Treat the file as state to back up.
 
 Thread and fork safety: each thread of each process opens its own connection
 (SQLite connections must not cross threads or ``fork()``).
@@ -17,13 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
-from ..exceptions import FencingConfigurationError, TokenUnavailableError
-from ..token import FencingToken, validate_resource
+from ..exceptions import FencingConfigurationError, InvalidTokenError, TokenUnavailableError
+from ..token import FencingToken, validate_grantor, validate_resource
 
 __all__ = ["SQLiteTokenSource"]
 
@@ -31,6 +36,13 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fencing_tokens (
     resource TEXT PRIMARY KEY,
     value INTEGER NOT NULL CHECK (value >= 1 AND value <= 9223372036854775807)
+)
+"""
+# One row, written once by whichever connection comes first: the file's identity.
+_GRANTOR_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fencing_grantor (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    id TEXT NOT NULL
 )
 """
 # One statement: the row lock of BEGIN IMMEDIATE makes the increment atomic
@@ -61,9 +73,16 @@ class SQLiteTokenSource:
         self._registry_lock = threading.Lock()
         self._closed = False
         try:
-            self._connection()
+            conn = self._connection()
+            conn.execute("INSERT OR IGNORE INTO fencing_grantor (singleton, id) VALUES (1, ?)", (_new_grantor(),))
+            (stored,) = conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
         except sqlite3.Error as exc:
             raise FencingConfigurationError(f"cannot open SQLite token database {str(self.path)!r}: {exc}") from exc
+        try:
+            #: This file's grantor id, carried by every token it mints.
+            self.grantor: str = validate_grantor(stored) or ""
+        except InvalidTokenError as exc:
+            raise FencingConfigurationError(f"{str(self.path)!r} holds no valid grantor id: {exc}") from exc
 
     def _connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -74,6 +93,7 @@ class SQLiteTokenSource:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(_SCHEMA)
+        conn.execute(_GRANTOR_SCHEMA)
         self._local.conn = conn
         self._local.pid = os.getpid()
         with self._registry_lock:
@@ -100,7 +120,7 @@ class SQLiteTokenSource:
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-                return FencingToken(resource, value)
+                return FencingToken(resource, value, self.grantor)
             except sqlite3.OperationalError as exc:
                 # "database is locked" after the connection's busy timeout: retry
                 # until our own deadline, then give up loudly.
@@ -113,6 +133,10 @@ class SQLiteTokenSource:
                 raise TokenUnavailableError(
                     f"SQLite token source {str(self.path)!r} failed for {resource!r}: {exc}", resource=resource
                 ) from exc
+
+    def grantor_id(self, *, timeout: float | None = None) -> str:
+        """Return the file's grantor id (read when the source was opened)."""
+        return self.grantor
 
     def close(self) -> None:
         """Close every connection this source opened in this process. Idempotent."""
@@ -128,3 +152,7 @@ class SQLiteTokenSource:
 
     def __repr__(self) -> str:
         return f"<SQLiteTokenSource {str(self.path)!r}>"
+
+
+def _new_grantor() -> str:
+    return f"sqlite-{secrets.token_hex(16)}"

@@ -10,6 +10,21 @@ re-creation) are deliberately not used. Tokens are only as durable as
 ZooKeeper's data directory: an ensemble that loses it restarts zxids from zero,
 below every mark the gates hold, and every writer is then refused.
 
+Grantor identity
+----------------
+The first source to reach an ensemble stores a random id in ``<root>/grantor``
+(a ``create`` that only one client wins; the others read the winner's id).
+Every token carries it (``token.grantor``, ``zk-<32 hex digits>``) and the
+gates keep it with the mark. An ensemble whose data directory was wiped has
+no such znode, so the next source creates a new id, and the gates refuse its
+tokens (which count from zero again) with
+:class:`~celery_fencing.GrantorMismatchError` instead of comparing them with
+marks of the old data; ``celery-fencing rebase`` moves resources over. The id
+is cached per ZooKeeper session and read again on a new session (a wiped
+server cannot continue an old session), and a mint whose session changed
+while it ran is done again, so a token never carries the id of the data it
+was not minted from. Never delete ``<root>/grantor``.
+
 Exclusive mode
 --------------
 ``with source.lease(resource) as lease:`` holds a ZooKeeper lock (ephemeral
@@ -135,7 +150,7 @@ from ..exceptions import (
     LeaseLostError,
     TokenUnavailableError,
 )
-from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_resource, validate_token_value
+from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validate_resource, validate_token_value
 
 __all__ = [
     "MAX_ZNODE_NAME_LENGTH",
@@ -320,6 +335,8 @@ class Lease:
         # Whether the holder record says this lease holds the resource (a clean
         # release then marks it released).
         self._recorded = False
+        # The grantor id of the session that created the lock node.
+        self._grantor = ""
 
     @property
     def token(self) -> FencingToken:
@@ -477,6 +494,8 @@ class ZooKeeperTokenSource:
         self._known: dict[str, None] = {}
         # Creates that found no znode minus creates that found one, within +-_GUESS_MEMORY.
         self._creates_won = 0
+        # (session id, grantor id) of the session the id was last read in.
+        self._grantor: tuple[int, str] | None = None
         if client is not None:
             self._attach(client)
         _instances.add(self)
@@ -554,6 +573,14 @@ class ZooKeeperTokenSource:
         deadline = self._deadline(timeout)
         self._await_connected(self._usable_client(None), deadline, None)
 
+    def grantor_id(self, *, timeout: float | None = None) -> str:
+        """Return this ensemble's grantor id, creating it on first use (see "Grantor identity").
+
+        :raises TokenUnavailableError: not connected, or ZooKeeper failed, within *timeout*.
+        """
+        deadline = self._deadline(timeout)
+        return self._session_grantor(self._usable_client(None), deadline, None)[1]
+
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint a token for *resource*: the zxid of one write to its znode.
 
@@ -598,6 +625,18 @@ class ZooKeeperTokenSource:
         if not names:
             return []
         client = self._usable_client(names[0])
+        for _ in range(3):
+            session, grantor = self._session_grantor(client, deadline, names[0])
+            stats = self._write_token_znodes(client, names, deadline)
+            # A reply came on the session the id was read in: the zxids are that data's.
+            if _session_of(client) == session:
+                return [self._token_from(name, stat, grantor) for name, stat in zip(names, stats, strict=True)]
+        raise TokenUnavailableError(
+            "the ZooKeeper session kept changing while minting; no token was handed out", resource=names[0]
+        )
+
+    def _write_token_znodes(self, client: Any, names: list[str], deadline: float) -> list[Any]:
+        """One write per name (``setData``, or ``create`` of a new znode), pipelined; their stats in order."""
         paths = [self._token_path(name) for name in names]
         known = self._known
         # A znode this process has written exists (unless pruned since): setData. Any
@@ -637,7 +676,7 @@ class ZooKeeperTokenSource:
                 stats[index] = reply[1] if creating[index] else reply
                 self._remember(paths[index])
             if not pending:
-                return [self._token_from(name, stat) for name, stat in zip(names, stats, strict=True)]
+                return stats
         raise TokenUnavailableError(
             f"the znode of {names[pending[0]]!r} kept being created and deleted while minting",
             resource=names[pending[0]],
@@ -1030,13 +1069,45 @@ class ZooKeeperTokenSource:
                 NodeExistsError,
             )
 
-    def _token_from(self, resource: str, stat: Any) -> FencingToken:
+    def _token_from(self, resource: str, stat: Any, grantor: str) -> FencingToken:
         if not isinstance(stat, ZnodeStat):
             raise TokenUnavailableError(f"ZooKeeper returned {stat!r} instead of a ZnodeStat", resource=resource)
         try:
-            return FencingToken(resource, validate_token_value(stat.mzxid))
+            return FencingToken(resource, validate_token_value(stat.mzxid), grantor)
         except InvalidTokenError as exc:
             raise TokenUnavailableError(f"ZooKeeper returned an unusable zxid: {exc}", resource=resource) from exc
+
+    def _session_grantor(self, client: Any, deadline: float, resource: str | None) -> tuple[int, str]:
+        """``(session id, grantor id)``: the id read (or created) in the current session, cached per session."""
+        self._await_connected(client, deadline, resource)
+        session = _session_of(client)
+        if session is None:
+            raise TokenUnavailableError(f"no ZooKeeper session ({self.state}); nothing was sent", resource=resource)
+        cached = self._grantor
+        if cached is not None and cached[0] == session:
+            return cached
+        path = f"{self.root}/grantor"
+        candidate = f"zk-{uuid.uuid4().hex}"
+        try:
+            self._request(
+                client,
+                lambda: client.create_async(path, candidate.encode(), makepath=True),
+                deadline,
+                resource,
+                "create grantor",
+                NodeExistsError,
+            )
+            grantor = candidate
+            log.warning("ZooKeeper %s%s had no grantor id: created %s", self._where(), self.root, grantor)
+        except NodeExistsError:
+            data, _ = self._request(client, lambda: client.get_async(path), deadline, resource, "getData grantor")
+            text = bytes(data or b"").decode("ascii", "replace").strip()
+            try:
+                grantor = validate_grantor(text) or ""
+            except InvalidTokenError as exc:
+                raise TokenUnavailableError(f"{path} does not hold a grantor id: {exc}", resource=resource) from exc
+        self._grantor = (session, grantor)
+        return self._grantor
 
     def _token_path(self, resource: str) -> str:
         return f"{self.root}/tokens/{resource_to_znode_name(resource)}"
@@ -1055,8 +1126,14 @@ class ZooKeeperTokenSource:
         # lock paths unique even if the lock directory is deleted and re-created.
         prefix = f"{uuid.uuid4().hex}{_LEASE_MARKER}"
         holder = f"{socket.gethostname()}:{os.getpid()}".encode()
+        # Read in the session that will own the lock node: a lease's tokens are minted under
+        # check(lock node), which only a live node of that same session passes.
+        session, grantor = self._session_grantor(client, deadline, resource)
         lock_path = self._create_lock_node(client, lock_dir, prefix, holder, deadline, resource)
         lease = Lease(self, resource, lock_path)
+        lease._grantor = grantor
+        if _session_of(client) != session:
+            lease._mark_lost("the ZooKeeper session changed while the lease was taken")
         wake = threading.Event()
         with self._lock:
             self._leases.add(lease)
@@ -1307,7 +1384,7 @@ class ZooKeeperTokenSource:
                 and results[0] is True
                 and isinstance(results[1], ZnodeStat)
             ):
-                return self._token_from(resource, results[1])
+                return self._token_from(resource, results[1], lease._grantor)
             if isinstance(results, list) and len(results) == 2 and isinstance(results[0], NoNodeError):
                 lease._mark_lost("ZooKeeper found the lock node gone when minting")
                 raise LeaseLostError(
@@ -1448,6 +1525,12 @@ class ZooKeeperTokenSource:
                 continue
             with self._lock:
                 self._orphans.discard((lock_dir, prefix))
+
+
+def _session_of(client: Any) -> int | None:
+    """The client's current session id, ``None`` while it has none."""
+    client_id = client.client_id
+    return None if client_id is None else int(client_id[0])
 
 
 def _whoami() -> str:
