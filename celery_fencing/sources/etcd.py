@@ -27,7 +27,18 @@ create revision too. The lock is for efficiency; the token stays the safety.
 
 Grantor identity
 ----------------
-Every response header names the ``cluster_id`` (and the ``member_id`` that
+The first source to reach a cluster stores a random id under
+``<prefix>/grantor`` (a transaction that puts it only if the key was never
+created); every token carries it (``etcd-<32 hex digits>``) and the gates keep
+it with the mark, so a wiped or different cluster, whose revisions count from
+the start again, meets :class:`~celery_fencing.GrantorMismatchError` at the
+gates instead of being compared with the old marks. Each mint is a
+transaction ``IF value(<prefix>/grantor) == <id> THEN put(token key)``, so a
+token never carries the id of data it was not minted from; when the id
+changed, the source reads the new one and mints again. A snapshot restore
+restores the id with the data (restore with ``--bump-revision``, below).
+
+Every response header also names the ``cluster_id`` (and the ``member_id`` that
 answered: members change on failover, so it is logged, not checked). The
 source pins the cluster id on first contact (or takes ``cluster_id=`` from the
 caller) and refuses to mint from any other cluster. It also refuses a token that
@@ -66,12 +77,13 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..exceptions import FencingConfigurationError, InvalidTokenError, LeaseLostError, TokenUnavailableError
-from ..token import FencingToken, validate_resource, validate_token_value
+from ..token import FencingToken, validate_grantor, validate_resource, validate_token_value
 
 __all__ = ["EtcdLease", "EtcdTokenSource", "resource_to_key_name"]
 
@@ -173,6 +185,8 @@ class EtcdLease:
         self.lock_key: str | None = None
         #: The lock key's create revision: the mint transaction compares against it.
         self.lock_revision = 0
+        #: The grantor id the lease's tokens carry, read before the lock was taken.
+        self.grantor = ""
         self._source = source
         self._token: FencingToken | None = None
         self._lost = threading.Event()
@@ -348,6 +362,8 @@ class EtcdTokenSource:
         self._floor = 0
         self._leases: set[EtcdLease] = set()
         self._wake = threading.Event()
+        # The cluster's grantor id, once read (every mint re-checks it in its transaction).
+        self._grantor: str | None = None
 
     @classmethod
     def from_url(cls, url: str) -> EtcdTokenSource:
@@ -424,11 +440,68 @@ class EtcdTokenSource:
         """
         validate_resource(resource)
         deadline = self._deadline(timeout)
-        floor = self._floor
+        grantor = self._grantor or self._read_grantor(deadline, resource)
+        for _ in range(3):
+            floor = self._floor
+            reply = self._call(
+                "/v3/kv/txn",
+                {
+                    "compare": [self._grantor_compare(grantor)],
+                    "success": [{"request_put": {"key": _b64(self._token_key(resource)), "value": ""}}],
+                },
+                deadline,
+                resource,
+                what="txn [compare grantor, put]",
+            )
+            # A failed transaction answers 200 without "succeeded" (false is omitted).
+            if reply.get("succeeded"):
+                return self._token_from(resource, reply, floor, grantor)
+            grantor = self._read_grantor(deadline, resource)
+        raise TokenUnavailableError(f"the etcd grantor id under {self.prefix} kept changing", resource=resource)
+
+    def grantor_id(self, *, timeout: float | None = None) -> str:
+        """Return the cluster's grantor id, creating it on first use (see "Grantor identity").
+
+        :raises TokenUnavailableError: no member answered within *timeout*.
+        """
+        return self._read_grantor(self._deadline(timeout), None)
+
+    def _grantor_key(self) -> str:
+        return f"{self.prefix}/grantor"
+
+    def _grantor_compare(self, grantor: str) -> dict[str, Any]:
+        return {"key": _b64(self._grantor_key()), "target": "VALUE", "result": "EQUAL", "value": _b64(grantor)}
+
+    def _read_grantor(self, deadline: float, resource: str | None) -> str:
+        """Read the grantor id, or store a new one if the key was never created; cache it."""
+        key = _b64(self._grantor_key())
+        candidate = f"etcd-{uuid.uuid4().hex}"
         reply = self._call(
-            "/v3/kv/put", {"key": _b64(self._token_key(resource)), "value": ""}, deadline, resource, what="put"
+            "/v3/kv/txn",
+            {
+                "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                "success": [{"request_put": {"key": key, "value": _b64(candidate)}}],
+                "failure": [{"request_range": {"key": key}}],
+            },
+            deadline,
+            resource,
+            what="txn [create grantor id]",
         )
-        return self._token_from(resource, reply, floor)
+        if reply.get("succeeded"):
+            grantor = candidate
+            log.warning("etcd %s%s had no grantor id: created %s", ",".join(self.endpoints), self.prefix, grantor)
+        else:
+            try:
+                (response,) = reply["responses"]
+                (kv,) = response["response_range"]["kvs"]
+                grantor = validate_grantor(base64.b64decode(kv.get("value", "")).decode("ascii")) or ""
+            except (KeyError, TypeError, ValueError, InvalidTokenError) as exc:
+                raise TokenUnavailableError(
+                    f"{self._grantor_key()} does not hold a grantor id: {exc!r:.200}", resource=resource
+                ) from exc
+        with self._lock:
+            self._grantor = grantor
+        return grantor
 
     @contextlib.contextmanager
     def lease(self, resource: str, *, timeout: float | None = None) -> Iterator[EtcdLease]:
@@ -490,10 +563,10 @@ class EtcdTokenSource:
     def _lock_name(self, resource: str) -> str:
         return f"{self.prefix}/locks/{resource_to_key_name(resource)}"
 
-    def _token_from(self, resource: str, reply: dict[str, Any], floor: int) -> FencingToken:
+    def _token_from(self, resource: str, reply: dict[str, Any], floor: int, grantor: str) -> FencingToken:
         try:
             revision = _int_field(reply.get("header") or {}, "revision")
-            token = FencingToken(resource, validate_token_value(revision))
+            token = FencingToken(resource, validate_token_value(revision), grantor)
         except (ValueError, InvalidTokenError) as exc:
             raise TokenUnavailableError(f"etcd returned an unusable revision: {exc}", resource=resource) from exc
         with self._lock:
@@ -510,12 +583,14 @@ class EtcdTokenSource:
     # Exclusive mode ------------------------------------------------------------
 
     def _acquire(self, resource: str, deadline: float) -> EtcdLease:
+        grantor = self._grantor or self._read_grantor(deadline, resource)
         granted = self._call("/v3/lease/grant", {"TTL": math.ceil(self.lease_ttl)}, deadline, resource, what="grant")
         try:
             lease_id = _int_field(granted, "ID")
         except ValueError as exc:
             raise TokenUnavailableError(f"etcd granted no lease: {exc}", resource=resource) from exc
         held = EtcdLease(self, resource, lease_id, self.lease_ttl)
+        held.grantor = grantor
         with self._lock:
             self._leases.add(held)
         try:
@@ -560,7 +635,7 @@ class EtcdTokenSource:
         return held
 
     def _mint_locked(self, held: EtcdLease, deadline: float) -> FencingToken:
-        """Mint with ``IF create_revision(lock key) == ours THEN put(token key)``."""
+        """Mint with ``IF create_revision(lock key) == ours AND value(grantor key) == ours THEN put(token key)``."""
         resource = held.resource
         assert held.lock_key is not None
         floor = self._floor
@@ -573,7 +648,8 @@ class EtcdTokenSource:
                         "target": "CREATE",
                         "result": "EQUAL",
                         "create_revision": str(held.lock_revision),
-                    }
+                    },
+                    self._grantor_compare(held.grantor),
                 ],
                 "success": [{"request_put": {"key": _b64(self._token_key(resource)), "value": ""}}],
             },
@@ -583,11 +659,13 @@ class EtcdTokenSource:
         )
         # A failed transaction answers 200 without "succeeded" (false is omitted).
         if not reply.get("succeeded"):
-            held._mark_lost("etcd found the lock key gone when minting")
+            held._mark_lost("etcd found the lock key gone (or the grantor id changed) when minting")
             raise LeaseLostError(
-                f"lease on {resource!r} is lost: its lock key {held.lock_key!r} no longer exists", resource=resource
+                f"lease on {resource!r} is lost: its lock key {held.lock_key!r} no longer exists, "
+                "or the grantor id changed",
+                resource=resource,
             )
-        return self._token_from(resource, reply, floor)
+        return self._token_from(resource, reply, floor, held.grantor)
 
     def _release(self, held: EtcdLease, *, wait: bool = True) -> None:
         with self._lock:
@@ -661,8 +739,11 @@ class EtcdTokenSource:
             with self._lock:
                 index = self._preferred
             endpoint = self.endpoints[index % len(self.endpoints)]
+            # A member that accepts connections but never answers (paused, partitioned) must not
+            # take the whole deadline while others could answer: half of what is left, at least 1 s.
+            per_try = remaining if len(self.endpoints) == 1 or not retry else min(remaining, max(1.0, remaining / 2))
             try:
-                reply = self._post(endpoint, path, body, remaining)
+                reply = self._post(endpoint, path, body, per_try)
             except _Retryable as exc:
                 last = exc.__cause__ or exc
                 if isinstance(last, TimeoutError) and not retry:

@@ -134,6 +134,22 @@ def test_mints_continue_while_the_leader_is_killed(etcd_cluster: EtcdCluster, un
     assert not killed.running
 
 
+def test_a_member_that_never_answers_is_skipped(etcd_cluster: EtcdCluster, unique_name: str) -> None:
+    """With the first endpoint SIGSTOPped (connects succeed, nothing answers), mint fails over within its timeout."""
+    built = token_source_from_url(etcd_cluster.url(f"/{unique_name}"))
+    try:
+        before = built.mint("acct", timeout=10).value
+        etcd_cluster.members[0].pause()
+        # The source prefers the member that answered last; make it start at the paused one.
+        built._preferred = 0  # type: ignore[attr-defined]
+        started = time.monotonic()
+        assert built.mint("acct", timeout=15).value > before
+        assert time.monotonic() - started < 15
+    finally:
+        etcd_cluster.members[0].resume()
+        built.close()
+
+
 # Exclusive mode ----------------------------------------------------------------------
 
 
