@@ -276,7 +276,8 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
                 last = "no token was ever minted" if peek.value is None else f"the last token minted is {peek.value}"
                 report.problems.append(
                     f"mark {mark} at {opened.label} is above the source's counter ({last}): the source was reset "
-                    "or is not the one the workers use; every new token is refused until it passes the mark"
+                    "or is not the one the workers use; every new token is refused until it passes the mark "
+                    "(if the grantor was replaced, `celery-fencing rebase` moves the marks to it)"
                 )
         reports.append(report)
     return reports
