@@ -146,6 +146,8 @@ def _check_options(options: DemoOptions) -> None:
         )
     if options.redis and urlsplit(options.redis).scheme not in ("redis", "rediss"):
         raise FencingConfigurationError(f"--redis needs a redis:// URL, got {describe_url(options.redis)!r}")
+    if options.postgres:
+        _normalise_postgres(options.postgres)
     if options.broker is not None and "://" not in options.broker:
         raise FencingConfigurationError(f"--broker needs a broker URL like redis://host:6379/0, got {options.broker!r}")
 
@@ -196,6 +198,7 @@ class DemoRunner:
         self.out = out
         self.progress = Progress(err)
         self.world: _World | None = None
+        self.directory: Path | None = None  # set as soon as it exists, so cleanup finds it
         self.log: EventLog | None = None
         self.events: list[dict[str, Any]] = []
 
@@ -203,14 +206,15 @@ class DemoRunner:
 
     def prepare(self) -> _World:
         _check_options(self.options)
-        directory = Path(tempfile.mkdtemp(prefix="celery-fencing-demo-"))
+        directory = self.directory = Path(tempfile.mkdtemp(prefix="celery-fencing-demo-"))
+        self.progress.show(f"working in {directory}")
         settings, zookeeper_root = _settings_for(self.options, directory)
+        self.progress.show(f"names on servers start with {settings.namespace}")
         world = self.world = _World(directory, settings, zookeeper_root=zookeeper_root)
         (directory / "results").mkdir()
         for sub in ("queue", "control", "processed"):
             (directory / "broker" / sub).mkdir(parents=True)
         self.log = EventLog(settings.events_path)
-        self.progress.show(f"working in {directory} (names on servers start with {settings.namespace})")
 
         self.progress.show("preparing the account store")
         world.store = store_from_url(settings.store, settings.namespace)
@@ -357,6 +361,8 @@ class DemoRunner:
         """Stop every worker, undo server-side state, delete the temp dir. Never raises."""
         world = self.world
         if world is None:
+            if self.directory is not None:
+                shutil.rmtree(self.directory, ignore_errors=True)
             return
         self.progress.show("cleaning up: stopping workers")
         for worker in world.workers:
