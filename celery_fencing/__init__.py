@@ -40,7 +40,8 @@ from .policies import (
     RetryPolicy,
     StaleState,
 )
-from .protocols import Gate, TokenSource
+from .protocols import Gate, TokenSource, TokenVerifier
+from .signing import PlausibilityBound, TokenSigner
 from .sources import token_source_from_url
 from .sources.memory import MemoryTokenSource
 from .sources.sqlite import SQLiteTokenSource
@@ -75,6 +76,7 @@ __all__ = [
     "MAX_TOKEN_VALUE",
     "MemoryGate",
     "MemoryTokenSource",
+    "PlausibilityBound",
     "RaisePolicy",
     "RedisGate",
     "RejectPolicy",
@@ -85,8 +87,10 @@ __all__ = [
     "StaleETagError",
     "StaleState",
     "StaleTokenError",
+    "TokenSigner",
     "TokenSource",
     "TokenUnavailableError",
+    "TokenVerifier",
     "ZooKeeperTokenSource",
     "__version__",
     "current_token",

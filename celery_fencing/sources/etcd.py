@@ -333,6 +333,8 @@ class EtcdTokenSource:
     """
 
     volatile = False
+    #: ``ceiling()`` is one counter for every resource: the store revision.
+    ceiling_is_global = True
 
     def __init__(
         self,
@@ -458,6 +460,19 @@ class EtcdTokenSource:
                 return self._token_from(resource, reply, floor, grantor)
             grantor = self._read_grantor(deadline, resource)
         raise TokenUnavailableError(f"the etcd grantor id under {self.prefix} kept changing", resource=resource)
+
+    def ceiling(self, resource: str | None = None, *, timeout: float | None = None) -> int:
+        """Return the cluster's current revision: no token minted so far is above it. Writes nothing.
+
+        :raises TokenUnavailableError: no member answered within *timeout*.
+        """
+        reply = self._call(
+            "/v3/kv/range", {"key": _b64(self.prefix), "count_only": True}, self._deadline(timeout), resource
+        )
+        try:
+            return _int_field(reply.get("header") or {}, "revision")
+        except ValueError as exc:
+            raise TokenUnavailableError(f"etcd returned no revision: {exc}", resource=resource) from exc
 
     def grantor_id(self, *, timeout: float | None = None) -> str:
         """Return the cluster's grantor id, creating it on first use (see "Grantor identity").

@@ -29,6 +29,8 @@ class MemoryTokenSource:
 
     #: Marks this source as unsafe for production; the Celery layer checks it.
     volatile = True
+    #: ``ceiling()`` is one counter for every resource.
+    ceiling_is_global = True
 
     def __init__(self, start: int = 0) -> None:
         #: A new id per instance: a "restarted" memory source is a new grantor.
@@ -47,6 +49,11 @@ class MemoryTokenSource:
         with self._lock:
             self._last += 1
             return FencingToken(resource, self._last, self.grantor)
+
+    def ceiling(self, resource: str | None = None, *, timeout: float | None = None) -> int:
+        """Return the last value minted, for any resource."""
+        with self._lock:
+            return self._last
 
     def grantor_id(self, *, timeout: float | None = None) -> str:
         """Return this instance's grantor id."""

@@ -64,6 +64,8 @@ class SQLiteTokenSource:
     """
 
     volatile = False
+    #: ``ceiling()`` is per resource: each has its own counter.
+    ceiling_is_global = False
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
         self.path = Path(path)
@@ -133,6 +135,24 @@ class SQLiteTokenSource:
                 raise TokenUnavailableError(
                     f"SQLite token source {str(self.path)!r} failed for {resource!r}: {exc}", resource=resource
                 ) from exc
+
+    def ceiling(self, resource: str, *, timeout: float | None = None) -> int:
+        """Return the resource's counter (0 if never minted): no token of it is above. Writes nothing.
+
+        :raises TokenUnavailableError: SQLite failed.
+        """
+        validate_resource(resource)
+        try:
+            row = (
+                self._connection()
+                .execute("SELECT value FROM fencing_tokens WHERE resource = ?", (resource,))
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            raise TokenUnavailableError(
+                f"SQLite token source {str(self.path)!r} failed: {exc}", resource=resource
+            ) from exc
+        return 0 if row is None else int(row[0])
 
     def grantor_id(self, *, timeout: float | None = None) -> str:
         """Return the file's grantor id (read when the source was opened)."""

@@ -455,6 +455,8 @@ class ZooKeeperTokenSource:
     """
 
     volatile = False
+    #: ``ceiling()`` is one counter for every resource: the ensemble's zxid.
+    ceiling_is_global = True
 
     def __init__(
         self,
@@ -580,6 +582,21 @@ class ZooKeeperTokenSource:
         """
         deadline = self._deadline(timeout)
         return self._session_grantor(self._usable_client(None), deadline, None)[1]
+
+    def ceiling(self, resource: str | None = None, *, timeout: float | None = None) -> int:
+        """Return the ensemble's last zxid: no token minted so far, of any resource, is above it. Writes nothing.
+
+        A ``sync`` of the root, then an ``exists``: every reply carries the
+        server's last processed zxid, which after the sync covers every write
+        committed before it. For :class:`~celery_fencing.signing.PlausibilityBound`.
+
+        :raises TokenUnavailableError: not connected, or no answer within *timeout*.
+        """
+        deadline = self._deadline(timeout)
+        client = self._usable_client(resource)
+        self._request(client, lambda: client.sync_async(self.root), deadline, resource, "sync")
+        self._request(client, lambda: client.exists_async(self.root), deadline, resource, "exists")
+        return int(client.last_zxid)
 
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint a token for *resource*: the zxid of one write to its znode.

@@ -29,6 +29,7 @@ def test_public_names_are_in_all() -> None:
         "operations",
         "policies",
         "protocols",
+        "signing",
         "sources",
         "token",
     }
