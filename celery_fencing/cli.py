@@ -158,6 +158,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         peeker = open_peeker(args.source)
         reports = inspect_resources(peeker, opened, list(args.resources))
         source_label = peeker.description
+        grantor: str | None = getattr(peeker, "grantor", None)
     finally:
         if peeker is not None:
             peeker.close()
@@ -167,6 +168,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         document = {
             "source": redact(args.source),
+            "grantor": grantor,
             "gates": [gate.label for gate in opened],
             "resources": [report.to_json() for report in reports],
             "ok": not failing,
@@ -174,6 +176,8 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         out.write(json.dumps(document, indent=2) + "\n")
         return EXIT_FINDINGS if failing else EXIT_OK
     out.write(f"source  {source_label}\n")
+    if grantor is not None:
+        out.write(f"grantor {grantor}\n")
     for index, gate in enumerate(opened, 1):
         out.write(f"gate {index}  {gate.label}\n")
     out.write("\n")
@@ -185,7 +189,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         else:
             last = "never minted" if report.peek_supported else "cannot peek"
         marks = ["-" if mark is None else str(mark) for _, mark in report.marks]
-        rows.append([report.resource, last, *marks, "MARK AHEAD OF SOURCE" if report.problems else "ok"])
+        rows.append([report.resource, last, *marks, report.status])
     out.write(_table(header, rows) + "\n")
     notes = sorted({r.peek_note for r in reports if not r.peek_supported and r.peek_note})
     for note in notes:

@@ -14,10 +14,19 @@ A mark above the source's last token is the one alarming reading: the source
 was reset (a deleted SQLite file, a ZooKeeper ensemble that lost its data
 directory) or points at the wrong place, and every new token will be refused
 until the source catches up. It is reported as a finding (exit code 1).
+
+Grantor ids (see the Security page of the docs) make the two causes tell
+apart: the source's id is read (``<root>/grantor``, the SQLite file's
+``fencing_grantor`` table, ``<prefix>/grantor`` in etcd) and each mark's
+grantor is read with it. A mark of *another* grantor is a replaced or wiped
+grantor (``celery-fencing rebase``); a mark of the *same* grantor above its
+counter is implausibly high, a forged or corrupted token that got in
+(``celery-fencing repair``).
 """
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +34,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
-from ..token import validate_resource
+from ..token import Mark, validate_grantor, validate_resource
 from .urls import OpenedGate, redact
 
 __all__ = ["Peek", "ResourceReport", "inspect_resources", "open_peeker"]
@@ -77,6 +86,11 @@ class SQLitePeeker:
             self._conn.execute("SELECT resource, value FROM fencing_tokens LIMIT 0")
         except sqlite3.Error as exc:
             raise FencingConfigurationError(f"{path!r} is not a readable token database: {exc}") from exc
+        try:
+            row = self._conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
+        except sqlite3.Error:
+            row = None  # a file made before grantor ids
+        self.grantor = _grantor_or_none(row[0] if row else None)
 
     def peek(self, resource: str) -> Peek:
         row = self._conn.execute("SELECT value FROM fencing_tokens WHERE resource = ?", (resource,)).fetchone()
@@ -114,6 +128,11 @@ class ZooKeeperPeeker:
             raise FencingConfigurationError(
                 f"cannot reach ZooKeeper at {self.hosts} within {self.timeout:g}s: {exc}"
             ) from exc
+        try:
+            data, _ = self._client.get_async(f"{self.root}/grantor").get(timeout=self.timeout)
+        except Exception:
+            data = None  # no grantor id yet (never minted, or minted by an older version)
+        self.grantor = _grantor_or_none(bytes(data).decode("ascii", "replace") if data else None)
 
     def peek(self, resource: str) -> Peek:
         from ..sources.zookeeper import resource_to_znode_name
@@ -144,6 +163,9 @@ class EtcdPeeker:
         source.close()
         self.description = f"etcd {','.join(self.endpoints)}{self.prefix}"
         self._range(self.prefix)  # fail now, clearly, if no member answers
+        kvs = self._range(f"{self.prefix}/grantor").get("kvs") or []
+        raw = base64.b64decode(kvs[0].get("value", "")).decode("ascii", "replace") if kvs else None
+        self.grantor = _grantor_or_none(raw)
 
     def _range(self, key: str) -> dict[str, Any]:
         import base64
@@ -189,11 +211,20 @@ class UnpeekablePeeker:
         self.description = redact(url)
         self.reason = reason
 
+    grantor = None
+
     def peek(self, resource: str) -> Peek:
         return Peek(None, supported=False, note=self.reason)
 
     def close(self) -> None:
         pass
+
+
+def _grantor_or_none(raw: object) -> str | None:
+    try:
+        return validate_grantor(raw)
+    except InvalidTokenError:
+        return None
 
 
 def open_peeker(url: str) -> Peeker:
@@ -230,15 +261,24 @@ class ResourceReport:
     peek_note: str
     marks: list[tuple[str, int | None]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: The grantor of each mark, in the order of ``marks`` (``None``: none recorded, or no mark).
+    mark_grantors: list[str | None] = field(default_factory=list)
+    #: "ok", "GRANTOR MISMATCH" or "MARK AHEAD OF SOURCE".
+    status: str = "ok"
 
     def to_json(self) -> dict[str, Any]:
+        grantors = self.mark_grantors + [None] * (len(self.marks) - len(self.mark_grantors))
         return {
             "resource": self.resource,
             "last_token": self.last_token,
             "peek_supported": self.peek_supported,
             "peek_note": self.peek_note,
-            "marks": [{"gate": gate, "high_water": mark} for gate, mark in self.marks],
+            "marks": [
+                {"gate": gate, "high_water": mark, "grantor": grantor}
+                for (gate, mark), grantor in zip(self.marks, grantors, strict=True)
+            ],
             "problems": self.problems,
+            "status": self.status,
         }
 
 
@@ -262,9 +302,12 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
         except Exception as exc:
             raise FencingConfigurationError(f"cannot read {peeker.description}: {exc}") from exc
         report = ResourceReport(resource, peek.value, peek.supported, peek.note)
+        source_grantor: str | None = getattr(peeker, "grantor", None)
         for opened in gates:
             try:
-                mark = opened.gate.high_water(resource)
+                read_mark = getattr(opened.gate, "mark", None)
+                full: Mark | None = read_mark(resource) if callable(read_mark) else None
+                mark = full.value if full is not None else opened.gate.high_water(resource)
             except FencingError as exc:
                 hint = ""
                 missing = ("does not exist", "doesn't exist", "no such table")
@@ -272,7 +315,29 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
                     hint = " (wrong --sql-table? the gate's table is made by SQLGate.create_schema())"
                 raise FencingConfigurationError(f"cannot read the mark at {opened.label}: {exc}{hint}") from exc
             report.marks.append((opened.label, mark))
+            mark_grantor = full.grantor if full is not None else None
+            report.mark_grantors.append(mark_grantor)
+            if mark_grantor is not None and source_grantor is not None and mark_grantor != source_grantor:
+                # Tokens of two grantors do not compare: "above the counter" would mean nothing here.
+                report.status = "GRANTOR MISMATCH"
+                report.problems.append(
+                    f"mark {mark} at {opened.label} belongs to grantor {mark_grantor}, but the source is grantor "
+                    f"{source_grantor}: every new token is refused with GrantorMismatchError. If the grantor was "
+                    "replaced (a wiped ZooKeeper, a new token file), `celery-fencing rebase` moves the mark to it"
+                )
+                continue
             if mark is not None and peek.supported and (peek.value is None or mark > peek.value):
+                if report.status == "ok":
+                    report.status = "MARK AHEAD OF SOURCE"
+                if mark_grantor is not None and mark_grantor == source_grantor:
+                    report.problems.append(
+                        f"mark {mark} at {opened.label} is above anything grantor {mark_grantor} has issued for "
+                        "it (the last token minted is "
+                        f"{'none' if peek.value is None else peek.value}): a forged or corrupted token got in, and "
+                        "every honest token is refused until the grantor counts past it; `celery-fencing repair` "
+                        "lowers the mark to a fresh token"
+                    )
+                    continue
                 last = "no token was ever minted" if peek.value is None else f"the last token minted is {peek.value}"
                 report.problems.append(
                     f"mark {mark} at {opened.label} is above the source's counter ({last}): the source was reset "
