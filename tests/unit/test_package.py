@@ -22,10 +22,12 @@ def test_public_names_are_in_all() -> None:
         "celery",
         "cli",
         "context",
+        "contrib",
         "demo",
         "exceptions",
         "gates",
         "idempotency",
+        "metrics",
         "operations",
         "policies",
         "protocols",
@@ -37,10 +39,12 @@ def test_public_names_are_in_all() -> None:
 
 
 def test_import_pulls_in_no_driver() -> None:
-    """`import celery_fencing` imports neither celery, kazoo, redis nor sqlalchemy."""
+    """`import celery_fencing` imports no driver: celery, kazoo, redis, sqlalchemy, django, metrics libraries."""
     code = (
         "import sys, celery_fencing\n"
-        "loaded = {'celery', 'kazoo', 'redis', 'sqlalchemy', 'kombu'} & set(sys.modules)\n"
+        "drivers = {'celery', 'kazoo', 'redis', 'sqlalchemy', 'kombu', 'django'}\n"
+        "drivers |= {'prometheus_client', 'opentelemetry'}\n"
+        "loaded = drivers & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
