@@ -142,9 +142,8 @@ def test_a_member_that_never_answers_is_skipped(etcd_cluster: EtcdCluster, uniqu
         etcd_cluster.members[0].pause()
         # The source prefers the member that answered last; make it start at the paused one.
         built._preferred = 0  # type: ignore[attr-defined]
-        started = time.monotonic()
+        # Without failover the paused member would take the whole timeout and this would raise.
         assert built.mint("acct", timeout=15).value > before
-        assert time.monotonic() - started < 15
     finally:
         etcd_cluster.members[0].resume()
         built.close()
