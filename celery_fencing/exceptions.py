@@ -8,6 +8,7 @@ whole family with one ``except`` clause::
      |    +-- ResourceMismatchError   a token presented for another resource's data
      |    +-- GrantorMismatchError    a token from another grantor than the one the mark belongs to
      |    +-- ForgedTokenError        a token whose origin a gate could not verify (signature, bound)
+     |    +-- InvalidArgumentError    a gate argument besides the token (key, value, expiry, ...)
      +-- StaleTokenError              a gate refused a token below its high-water mark
      |    +-- StaleETagError          a conditional HTTP write got 412: the resource changed since it was read
      +-- TokenUnavailableError        the grantor could not mint a token in time
@@ -30,6 +31,7 @@ __all__ = [
     "ForgedTokenError",
     "GateUnavailableError",
     "GrantorMismatchError",
+    "InvalidArgumentError",
     "InvalidTokenError",
     "LeaseLostError",
     "ResourceMismatchError",
@@ -75,6 +77,15 @@ class ResourceMismatchError(InvalidTokenError):
         super().__init__(message)
         self.token_resource = token_resource
         self.expected_resource = expected_resource
+
+
+class InvalidArgumentError(InvalidTokenError, TypeError, ValueError):
+    """A gate argument besides the token breaks the rules: a data key, value, expiry, mapping, Lua body or connection.
+
+    Raised before any I/O, so nothing has changed. It is also a ``TypeError``
+    and a ``ValueError``, which is what these arguments raised before, so
+    code that caught those keeps working.
+    """
 
 
 class GrantorMismatchError(InvalidTokenError):

@@ -29,8 +29,8 @@ def _positive_float(name: str, value: Any) -> float:
         raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r:.60}") from None
     if not math.isfinite(number) or number <= 0:
         raise FencingConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
     return number
@@ -61,8 +61,8 @@ def _count(name: str, value: Any) -> int:
         raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
     try:
         number = int(value)
-    except (TypeError, ValueError):
-        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r:.60}") from None
     if number < 0 or (isinstance(value, float) and not value.is_integer()):
         raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
     return number

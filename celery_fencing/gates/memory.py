@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from ..context import resolve_token
-from ..exceptions import InvalidTokenError, ResourceMismatchError, StaleTokenError
+from ..exceptions import InvalidArgumentError, ResourceMismatchError, StaleTokenError
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
 
@@ -130,4 +130,4 @@ class MemoryGate:
 
 def _check_key(key: object) -> None:
     if not isinstance(key, str) or not key:
-        raise InvalidTokenError(f"key must be a non-empty str, not {key!r:.60}")
+        raise InvalidArgumentError(f"key must be a non-empty str, not {key!r:.60}")

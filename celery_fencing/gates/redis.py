@@ -43,8 +43,9 @@ restart forgets them together with the data in the same Redis, which stays
 coherent; but marks in a Redis without persistence that guard data stored
 elsewhere are unsafe: after a restart the gate accepts a stale token.
 
-Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` (tokens),
-``TypeError`` or ``ValueError`` (keys, values, expiry) before any I/O. Every
+Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` (tokens)
+or :class:`~celery_fencing.InvalidArgumentError` (keys, values, expiry; also a
+``TypeError`` and ``ValueError``) before any I/O. Every
 error of redis-py (connection refused, timeout, a command error such as
 ``WRONGTYPE``) becomes :class:`~celery_fencing.GateUnavailableError` with the
 redis-py exception chained; the time it takes is bounded by the client's
@@ -72,6 +73,7 @@ from ..exceptions import (
     FencingConfigurationError,
     GateUnavailableError,
     GrantorMismatchError,
+    InvalidArgumentError,
     ResourceMismatchError,
     StaleTokenError,
 )
@@ -456,7 +458,7 @@ class RedisGate:
         checked = self._checked(token)
         _check_key(key)
         if not isinstance(mapping, Mapping) or not mapping:
-            raise ValueError("hset needs a non-empty mapping")
+            raise InvalidArgumentError("hset needs a non-empty mapping")
         args: list[Any] = [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
         for field, value in mapping.items():
             args.append(field)
@@ -500,7 +502,7 @@ class RedisGate:
         """
         checked = self._checked(token)
         if not isinstance(script, str) or not script.strip():
-            raise ValueError("eval needs a non-empty Lua body")
+            raise InvalidArgumentError("eval needs a non-empty Lua body")
         key_list = list(keys)
         for key in key_list:
             _check_key(key)
@@ -542,9 +544,9 @@ class RedisGate:
                 # load the source again, once, and retry.
                 script.sha = self.client.script_load(script.script)
                 return self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except DataError:
+        except DataError as exc:
             # A value redis-py cannot encode: the caller's bug, raised before any I/O.
-            raise
+            raise InvalidArgumentError(f"a value redis-py cannot send: {exc}") from exc
         except ResponseError as exc:
             message = str(exc)
             if message.startswith("FENCED "):
@@ -589,9 +591,9 @@ def _unavailable(exc: RedisError) -> NoReturn:
 
 def _check_key(key: object) -> None:
     if not isinstance(key, str):
-        raise TypeError(f"key must be a str, not {type(key).__name__}")
+        raise InvalidArgumentError(f"key must be a str, not {type(key).__name__}")
     if not key:
-        raise ValueError("key must not be empty")
+        raise InvalidArgumentError("key must not be empty")
 
 
 def _expiry_ms(ex: object) -> int:
@@ -600,7 +602,7 @@ def _expiry_ms(ex: object) -> int:
     elif isinstance(ex, (int, float)) and not isinstance(ex, bool):
         seconds = float(ex)
     else:
-        raise TypeError(f"ex must be seconds or a timedelta, not {type(ex).__name__}")
+        raise InvalidArgumentError(f"ex must be seconds or a timedelta, not {type(ex).__name__}")
     if not math.isfinite(seconds) or round(seconds * 1000) < 1:
-        raise ValueError(f"ex must be a finite expiry of at least 1 ms, got {ex!r}")
+        raise InvalidArgumentError(f"ex must be a finite expiry of at least 1 ms, got {ex!r:.60}")
     return round(seconds * 1000)

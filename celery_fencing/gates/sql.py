@@ -97,7 +97,13 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ..context import resolve_token
-from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
+from ..exceptions import (
+    FencingConfigurationError,
+    GateUnavailableError,
+    InvalidArgumentError,
+    ResourceMismatchError,
+    StaleTokenError,
+)
 from ..protocols import TokenVerifier
 from ..token import (
     MAX_GRANTOR_LENGTH,
@@ -454,7 +460,7 @@ class SQLGate:
         """
         checked = self._checked(token)
         if not isinstance(connection, Connection):
-            raise TypeError(f"guard() needs a sqlalchemy Connection, not {type(connection).__name__}")
+            raise InvalidArgumentError(f"guard() needs a sqlalchemy Connection, not {type(connection).__name__}")
         if not connection.in_transaction():
             raise FencingConfigurationError(
                 "guard() needs a connection inside a transaction (engine.begin(), connection.begin(), "

@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
 from ..protocols import TokenSource
@@ -82,13 +81,13 @@ def open_admin_source(url: str) -> TokenSource:
     :raises FencingConfigurationError: malformed URL, unknown scheme, missing
         file, or a source that has no grantor id (memory://).
     """
-    from ..sources import token_source_from_url
+    from ..sources import split_url, token_source_from_url
 
     if not isinstance(url, str) or "://" not in url:
         raise FencingConfigurationError(
             f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
         )
-    parts = urlsplit(url)
+    parts = split_url(url, "token source URL")
     scheme = parts.scheme.lower()
     if scheme == "memory":
         raise FencingConfigurationError("memory:// lives inside one process: there is no grantor to rebase onto")

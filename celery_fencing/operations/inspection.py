@@ -31,9 +31,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote
 
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
+from ..sources import split_url
 from ..token import Mark, validate_grantor, validate_resource
 from .urls import OpenedGate, redact
 
@@ -65,7 +66,7 @@ class SQLitePeeker:
     """Reads the counters of a SQLite token source, read-only."""
 
     def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
+        parts = split_url(url, "sqlite:// URL")
         if parts.netloc:
             raise FencingConfigurationError(
                 f"sqlite:// takes no host: write sqlite:///relative/path.db or sqlite:////absolute/path.db, got {url!r}"
@@ -237,7 +238,7 @@ def open_peeker(url: str) -> Peeker:
         raise FencingConfigurationError(
             f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
         )
-    scheme = urlsplit(url).scheme.lower()
+    scheme = split_url(url, "token source URL").scheme.lower()
     if scheme == "sqlite":
         return SQLitePeeker(url)
     if scheme == "zookeeper":

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from ..exceptions import FencingConfigurationError
 from ..protocols import Gate
+from ..sources import split_url
 
 __all__ = ["GATE_SCHEMES", "OpenedGate", "gate_from_url", "redact", "sqlalchemy_url"]
 
@@ -52,7 +53,7 @@ def sqlalchemy_url(url: str) -> str:
     ``postgresql://`` means psycopg2 to SQLAlchemy; this package's tests and docs
     use psycopg 3, so a bare URL gets whichever of the two is installed.
     """
-    parts = urlsplit(url)
+    parts = split_url(url, "database URL")
     scheme = parts.scheme.lower()
     if scheme in ("postgresql", "postgres"):
         driver = "psycopg" if _installed("psycopg") or not _installed("psycopg2") else "psycopg2"
@@ -88,7 +89,7 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
         raise FencingConfigurationError(
             f"gate URL must look like redis://host:6379/0 or postgresql://user@host/db, got {url!r}"
         )
-    scheme = urlsplit(url).scheme.lower()
+    scheme = split_url(url, "gate URL").scheme.lower()
     base = scheme.split("+", 1)[0]
     if base not in GATE_SCHEMES:
         raise FencingConfigurationError(
@@ -132,7 +133,7 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
 
 def _require_sqlite_file(url: str) -> None:
     # Connecting would create an empty database: an operator command must not.
-    path = urlsplit(url).path
+    path = split_url(url, "sqlite:// URL").path
     path = path[1:] if path.startswith("/") else path
     if not path or path == ":memory:":
         raise FencingConfigurationError(f"{url!r} names no database file")

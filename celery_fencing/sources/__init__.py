@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ..exceptions import FencingConfigurationError
 from ..protocols import TokenSource
@@ -31,9 +31,27 @@ if TYPE_CHECKING:
     from .sqlite import SQLiteTokenSource
     from .zookeeper import ZooKeeperTokenSource
 
-__all__ = ["EtcdTokenSource", "MemoryTokenSource", "SQLiteTokenSource", "ZooKeeperTokenSource", "token_source_from_url"]
+__all__ = [
+    "EtcdTokenSource",
+    "MemoryTokenSource",
+    "SQLiteTokenSource",
+    "ZooKeeperTokenSource",
+    "split_url",
+    "token_source_from_url",
+]
 
 SCHEMES = ("etcd", "memory", "sqlite", "zookeeper")
+
+
+def split_url(url: str, what: str = "URL") -> SplitResult:
+    """``urlsplit(url)``, with its ``ValueError`` (an unclosed ``[``, say) as FencingConfigurationError.
+
+    The message never repeats the URL: it may hold a password.
+    """
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise FencingConfigurationError(f"malformed {what}: {exc}") from None
 
 
 def _parse_seconds(url: str, name: str, raw: str) -> float:
@@ -56,7 +74,7 @@ def token_source_from_url(url: str) -> TokenSource:
         raise FencingConfigurationError(
             f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
         )
-    parts = urlsplit(url)
+    parts = split_url(url, "token source URL")
     scheme = parts.scheme.lower()
     if scheme == "etcd":
         # No driver to import: the etcd source speaks HTTP with the standard library.

@@ -80,7 +80,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote
 
 from ..exceptions import FencingConfigurationError, InvalidTokenError, LeaseLostError, TokenUnavailableError
 from ..token import FencingToken, validate_grantor, validate_resource, validate_token_value
@@ -380,7 +380,9 @@ class EtcdTokenSource:
 
         if not isinstance(url, str):
             raise FencingConfigurationError(f"etcd URL must be a str, got {type(url).__name__}")
-        parts = urlsplit(url)
+        from . import split_url
+
+        parts = split_url(url, "etcd URL")
         if parts.scheme.lower() != "etcd":
             raise FencingConfigurationError(f"not an etcd:// URL: {url!r}")
         if "@" in parts.netloc:

@@ -137,7 +137,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
@@ -514,7 +514,9 @@ class ZooKeeperTokenSource:
 
         if not isinstance(url, str):
             raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
-        parts = urlsplit(url)
+        from . import split_url
+
+        parts = split_url(url, "ZooKeeper URL")
         if parts.scheme.lower() != "zookeeper":
             raise FencingConfigurationError(f"not a zookeeper:// URL: {url!r}")
         if "@" in parts.netloc:
