@@ -325,9 +325,12 @@ async def redis_stale_writer(ctx: Context) -> None:
     """Show what a gate store without persistence does: a writer paused across its restart.
 
     On each side, the process of an execution that has claimed is SIGSTOPped
-    until a newer execution of the same resource has written Redis; then the
-    store is killed and restarted (forgetting marks and data), and the paused
-    writers resume. Their Redis writes carry tokens below the forgotten mark.
+    until a newer execution of the same resource has written Redis. Then every
+    other pool process of the side is paused too, the store is killed and
+    restarted (forgetting marks and data), and the stale writer resumes first,
+    alone, so that no newer claim re-creates the mark before its write: its
+    Redis write carries a token below the forgotten mark. The others resume
+    once its outcome is seen (or after 5 s).
     """
     hold_limit = 8.0
 
@@ -352,29 +355,37 @@ async def redis_stale_writer(ctx: Context) -> None:
 
     start = time.monotonic()
     paused = dict(zip(SIDES, await asyncio.gather(*(pause(side) for side in SIDES)), strict=True))
+    writers = {held[0] for held in paused.values() if held is not None}
+    frozen = [
+        pid
+        for side in SIDES
+        for worker in ctx.world.workers[side]
+        for pid in ctx.world.pool_pids(worker)
+        if pid not in writers and _signal(pid, signal.SIGSTOP)
+    ]
     try:
-        await _redis_kill(ctx, "volatile")
+        try:
+            await _redis_kill(ctx, "volatile")
+        finally:
+            for pid in writers:
+                _signal(pid, signal.SIGCONT)
+
+        async def outcome(side: str) -> None:
+            held = paused[side]
+            if held is None:
+                return
+            pid, token, resource, proven = held
+            after = await ctx.world.tracker.next_event(
+                lambda e: e.get("pid") == pid and e.get("token") == token and e["ev"] in REDIS_OUTCOMES, 5.0
+            )
+            what = "nothing" if after is None else after["ev"]
+            proof = f"token {token} held across the restart after a newer Redis write; then, alone: {what}"
+            ctx.add("redis-stale-writer", side, f"{resource}:{pid}", start, proven, proof)
+
+        await asyncio.gather(*(outcome(side) for side in SIDES))
     finally:
-        for held in paused.values():
-            if held is not None:
-                _signal(held[0], signal.SIGCONT)
-
-    async def outcome(side: str) -> None:
-        held = paused[side]
-        if held is None:
-            return
-        pid, token, resource, proven = held
-        after = await ctx.world.tracker.next_event(
-            lambda e: (
-                e.get("pid") == pid and e.get("token") == token and e["ev"] in ("redis-ok", "redis-dup", "rejected")
-            ),
-            5.0,
-        )
-        what = "nothing" if after is None else after["ev"]
-        proof = f"token {token} held across the restart after a newer Redis write; then: {what}"
-        ctx.add("redis-stale-writer", side, f"{resource}:{pid}", start, proven, proof)
-
-    await asyncio.gather(*(outcome(side) for side in SIDES))
+        for pid in frozen:
+            _signal(pid, signal.SIGCONT)
 
 
 async def pg_restart(ctx: Context) -> None:

@@ -75,13 +75,19 @@ class WorldConfig:
 
 @dataclass
 class PhaseSpec:
-    """One phase: which nemeses, for how long, at what task rate (per side)."""
+    """One phase: which nemeses, for how long, at what task rate (per side).
+
+    Every ``1/rate`` seconds, ``burst`` tasks for one account (drawn by the
+    seed) are sent to each side at once: a burst makes executions of one
+    account overlap for sure, which is what fencing has to sort out.
+    """
 
     name: str
     nemeses: tuple[str, ...]
     duration: float
     rate: float = 2.0
     accounts: int = 4
+    burst: int = 1
     store: str = "aof"
     drain_timeout: float = 90.0
     max_rounds: int = 10_000
@@ -420,7 +426,7 @@ class World:
         deadline: float,
         submitted: dict[str, dict[str, str]],
     ) -> None:
-        """Send one task per side every 1/rate seconds, the same account on both sides."""
+        """Send ``burst`` tasks per side every 1/rate seconds, the same account on both sides."""
         assert self._producer is not None
         start = time.monotonic()
         count = int(spec.rate * spec.duration)
@@ -430,7 +436,7 @@ class World:
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
                 account = rng.randrange(spec.accounts)
                 task = "reliability.deposit" if spec.store_of(account) == "aof" else "reliability.deposit_volatile"
-                for side in SIDES:
+                for side in [side for side in SIDES for _ in range(spec.burst)]:
                     task_id = str(uuid.uuid4())
                     submitted[side][task_id] = f"acct:{scope}:{account}"
                     await asyncio.to_thread(

@@ -8,7 +8,8 @@ violations, or the phase would prove nothing. The faults must really have
 happened (proven: a process seen stopped, a leader replaced, ...).
 
 Run with ``-s`` to see each phase's figures; they are also appended to
-``figures.txt`` in the world's directory.
+``figures.txt`` in the world's directory, and one markdown row per phase to
+``summary.md`` there (fenced / control in each cell).
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def _report(world: World, result: PhaseResult) -> str:
     )
     with (world.root / "figures.txt").open("a") as handle:
         handle.write(text)
+    f, c = result.fenced, result.control
+    row = (
+        f"| {result.spec.name} | {f.faults_proven}/{f.faults_injected} | {f.tasks} | {f.attempts} / {c.attempts} "
+        f"| {f.stale_writes_attempted} / {c.stale_writes_attempted} "
+        f"| {f.stale_accepted} / {c.stale_accepted} | {f.lost_updates} / {c.lost_updates} "
+        f"| {f.duplicate_effects} / {c.duplicate_effects} | {f.missing} / {c.missing} "
+        f"| {f.safety_violations} / {c.safety_violations} | {result.wall:.0f} |\n"
+    )
+    with (world.root / "summary.md").open("a") as handle:
+        handle.write(row)
     print(text)
     return text
 
