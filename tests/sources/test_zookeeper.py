@@ -564,10 +564,11 @@ def test_minting_continues_across_a_leader_kill(zookeeper_ensemble: ZooKeeperEns
     thread = threading.Thread(target=mint_forever)
     thread.start()
     try:
-        wait_for(lambda: len(values) >= 50, 30, "minting to get going")
+        # Generous deadlines: a 3-node ensemble fsyncs every write, and CI machines are loaded.
+        wait_for(lambda: len(values) >= 20, 90, "minting to get going")
         killed_at = len(values)
         zookeeper_ensemble.kill_leader()
-        wait_for(lambda: len(values) >= killed_at + 50, 60, "minting to resume after the election")
+        wait_for(lambda: len(values) >= killed_at + 20, 90, "minting to resume after the election")
     finally:
         stop.set()
         thread.join(30)
