@@ -14,11 +14,14 @@ Run with ``-s`` to see each phase's figures; they are also appended to
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from celery_fencing.operations.doctor import Doctor
 from reliability.scenarios import ci_phase
 from reliability.world import PhaseResult, World
+
+pytestmark = pytest.mark.slow
 
 
 def _report(world: World, result: PhaseResult) -> str:
