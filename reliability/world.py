@@ -372,7 +372,7 @@ class World:
         started = time.monotonic()
         deadline = started + spec.duration
         context = nemeses.Context(self, random.Random(rng.random()), deadline, faults, spec, scope)
-        jobs = [self._submit(spec, scope, random.Random(rng.random()), deadline, submitted)]
+        jobs = [self._submit(spec, scope, random.Random(rng.random()), submitted)]
         jobs += [nemeses.run_lane(context, lane) for lane in spec.nemeses]
         reporter = asyncio.ensure_future(self._progress(spec, started, submitted, faults)) if spec.progress else None
         try:
@@ -423,7 +423,6 @@ class World:
         spec: PhaseSpec,
         scope: str,
         rng: random.Random,
-        deadline: float,
         submitted: dict[str, dict[str, str]],
     ) -> None:
         """Send ``burst`` tasks per side every 1/rate seconds, the same account on both sides."""
@@ -443,7 +442,6 @@ class World:
                         self._producer.send_task, task, args=[scope, account], task_id=task_id, queue=self.queues[side]
                     )
                     log.write(json.dumps({"side": side, "task": task_id, "scope": scope, "account": account}) + "\n")
-        del deadline
 
     async def _progress(
         self, spec: PhaseSpec, started: float, submitted: dict[str, dict[str, str]], faults: list[Fault]
