@@ -35,7 +35,13 @@ app = install(Celery("ledger", broker=os.environ.get("EXAMPLE_BROKER", "filesyst
 if app.conf.broker_url.startswith("filesystem://"):
     folder = os.path.join(os.environ.get("EXAMPLE_DIR", "."), "broker")
     os.makedirs(folder, exist_ok=True)
-    app.conf.broker_transport_options = {"data_folder_in": folder, "data_folder_out": folder, "polling_interval": 0.1}
+    # control_folder too: kombu's default is ./control, which would litter the working directory.
+    app.conf.broker_transport_options = {
+        "data_folder_in": folder,
+        "data_folder_out": folder,
+        "control_folder": os.path.join(folder, "control"),
+        "polling_interval": 0.1,
+    }
 app.conf.update(
     task_default_queue=os.environ.get("EXAMPLE_QUEUE", "ledger"),
     task_acks_late=True,
