@@ -119,9 +119,11 @@ class ZooKeeperPeeker:
         self.hosts = source.hosts or ""
         self.root = source.root
         self.timeout = source.timeout
+        # The same digest credentials and TLS as the workers' source (ACL-protected znodes).
+        options = source.client_options()
         source.close()
         self.description = f"ZooKeeper {self.hosts}{self.root}"
-        self._client = KazooClient(hosts=self.hosts, timeout=self.timeout)
+        self._client = KazooClient(hosts=self.hosts, timeout=self.timeout, **options)
         try:
             self._client.start(timeout=self.timeout)
         except Exception as exc:

@@ -11,8 +11,11 @@ URL                                        source
 =========================================  =======================================
 
 Query parameters: ``timeout`` (seconds, every source), for ZooKeeper
-``session_timeout`` (seconds), for etcd ``lease_ttl`` (seconds) and
-``cluster_id``. Driver modules are imported only when their scheme is used,
+``session_timeout`` (seconds) and the TLS options ``tls``, ``ca``,
+``certfile``, ``keyfile``, ``verify_certs``, for etcd ``lease_ttl`` (seconds)
+and ``cluster_id``. ZooKeeper takes digest credentials in the URL,
+``zookeeper://user:password@h1:2181/root`` (percent-encode ``@ : /`` in them);
+error messages show such URLs with the password as ``***``. Driver modules are imported only when their scheme is used,
 so ``import celery_fencing`` pulls in no driver.
 """
 
@@ -36,11 +39,35 @@ __all__ = [
     "MemoryTokenSource",
     "SQLiteTokenSource",
     "ZooKeeperTokenSource",
+    "redact_url",
     "split_url",
     "token_source_from_url",
 ]
 
 SCHEMES = ("etcd", "memory", "sqlite", "zookeeper")
+
+
+def redact_url(url: object) -> str:
+    """*url* with the password of its ``user:password@`` part replaced by ``***``, for messages and logs.
+
+    Works on malformed URLs too (it never raises): everything between ``//``
+    and the last ``@`` before the path is treated as credentials.
+    """
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    end = len(rest)
+    for stop in "/?#":
+        index = rest.find(stop)
+        if index != -1:
+            end = min(end, index)
+    netloc, tail = rest[:end], rest[end:]
+    credentials, at, hosts = netloc.rpartition("@")
+    if not at:
+        return text
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{tail}"
 
 
 def split_url(url: str, what: str = "URL") -> SplitResult:
@@ -72,7 +99,8 @@ def token_source_from_url(url: str) -> TokenSource:
     """
     if not isinstance(url, str) or "://" not in url:
         raise FencingConfigurationError(
-            f"token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', got {url!r}"
+            "token source URL must look like 'zookeeper://host:2181/root' or 'sqlite:///tokens.db', "
+            f"got {redact_url(url)!r:.200}"
         )
     parts = split_url(url, "token source URL")
     scheme = parts.scheme.lower()
@@ -81,35 +109,6 @@ def token_source_from_url(url: str) -> TokenSource:
         from .etcd import EtcdTokenSource
 
         return EtcdTokenSource.from_url(url)
-    try:
-        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise FencingConfigurationError(f"malformed query string in token source URL {url!r}: {exc}") from exc
-    allowed = {"timeout", "session_timeout"} if scheme == "zookeeper" else {"timeout"}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise FencingConfigurationError(
-            f"unknown parameter(s) {', '.join(unknown)} in {url!r}; {scheme}:// accepts {', '.join(sorted(allowed))}"
-        )
-    seconds = {name: _parse_seconds(url, name, raw) for name, raw in params.items()}
-
-    if scheme == "memory":
-        if parts.netloc or parts.path not in ("", "/"):
-            raise FencingConfigurationError(f"memory:// takes no host or path, got {url!r}")
-        from .memory import MemoryTokenSource
-
-        return MemoryTokenSource()
-    if scheme == "sqlite":
-        if parts.netloc:
-            raise FencingConfigurationError(
-                f"sqlite:// takes no host: write sqlite:///relative/path.db or sqlite:////absolute/path.db, got {url!r}"
-            )
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        if not path or path.endswith("/"):
-            raise FencingConfigurationError(f"sqlite:// URL {url!r} names no database file")
-        from .sqlite import SQLiteTokenSource
-
-        return SQLiteTokenSource(path, **seconds)
     if scheme == "zookeeper":
         try:
             from .zookeeper import ZooKeeperTokenSource
@@ -119,8 +118,39 @@ def token_source_from_url(url: str) -> TokenSource:
             ) from exc
         source: TokenSource = ZooKeeperTokenSource.from_url(url)
         return source
+    shown = redact_url(url)
+    try:
+        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError as exc:
+        raise FencingConfigurationError(f"malformed query string in token source URL {shown!r}: {exc}") from exc
+    allowed = {"timeout"}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise FencingConfigurationError(
+            f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; {scheme}:// accepts {', '.join(sorted(allowed))}"
+        )
+    seconds = {name: _parse_seconds(shown, name, raw) for name, raw in params.items()}
+
+    if scheme == "memory":
+        if parts.netloc or parts.path not in ("", "/"):
+            raise FencingConfigurationError(f"memory:// takes no host or path, got {shown!r}")
+        from .memory import MemoryTokenSource
+
+        return MemoryTokenSource()
+    if scheme == "sqlite":
+        if parts.netloc:
+            raise FencingConfigurationError(
+                "sqlite:// takes no host: write sqlite:///relative/path.db or sqlite:////absolute/path.db, "
+                f"got {shown!r}"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path or path.endswith("/"):
+            raise FencingConfigurationError(f"sqlite:// URL {shown!r} names no database file")
+        from .sqlite import SQLiteTokenSource
+
+        return SQLiteTokenSource(path, **seconds)
     raise FencingConfigurationError(
-        f"unknown token source scheme {parts.scheme!r} in {url!r}; known schemes: {', '.join(SCHEMES)}"
+        f"unknown token source scheme {parts.scheme!r:.40} in {shown!r}; known schemes: {', '.join(SCHEMES)}"
     )
 
 

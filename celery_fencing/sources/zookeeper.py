@@ -105,6 +105,19 @@ default) are not used. Everything that prevents minting raises
   server; its reply is discarded and the caller got ``TokenUnavailableError``,
   so no token escapes. It only advances the zxid, which tokens tolerate.
 
+Access control and TLS
+----------------------
+With ``digest=("user", "password")`` (or ``zookeeper://user:password@host/root``)
+the client authenticates with ZooKeeper's digest scheme, and every znode the
+source creates (the root if it creates it, ``grantor``, token, lock and
+holder znodes) gets the ACL ``digest:user:<hash>`` with all permissions and
+nothing for anyone else: a client without the credentials can neither read,
+change nor delete them, nor create or delete znodes under them. ZooKeeper ACLs
+are per znode and not inherited: a root that already existed keeps its own
+ACL (set it with ``setAcl``). With ``tls=ZooKeeperTLS(...)`` (or ``?tls=true&ca=...``)
+the client speaks TLS to the servers' ``secureClientPort``. The password is
+never logged or shown: ``repr()`` and error messages print URLs with ``***``.
+
 Threads and processes
 ---------------------
 A source is thread-safe: one KazooClient serves every thread. A KazooClient
@@ -124,6 +137,7 @@ as the source is open. A caller's client is never started or stopped by the sour
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -143,6 +157,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.protocol.states import EventType, KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 from ..exceptions import (
     FencingConfigurationError,
@@ -155,6 +170,7 @@ from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validat
 __all__ = [
     "MAX_ZNODE_NAME_LENGTH",
     "Lease",
+    "ZooKeeperTLS",
     "ZooKeeperTokenSource",
     "resource_to_znode_name",
     "znode_name_to_resource",
@@ -287,6 +303,61 @@ def _read_holder_record(data: bytes) -> tuple[str, str]:
     if state not in _HOLDER_STATES or not isinstance(lock, str):
         return "held", "?"
     return str(state), lock
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooKeeperTLS:
+    """TLS to the ensemble's ``secureClientPort`` (kazoo's ``use_ssl``).
+
+    :param ca: PEM file of the CA that signed the servers' certificates
+        (default: the system's trust store).
+    :param certfile: PEM client certificate, for servers with ``ssl.clientAuth=need``.
+    :param keyfile: PEM key of *certfile*.
+    :param verify_certs: check the server's certificate (and host name). Only
+        turn it off to test.
+    """
+
+    ca: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    verify_certs: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("ca", "certfile", "keyfile"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+                raise FencingConfigurationError(f"ZooKeeperTLS {name} must be a file path, got {value!r:.80}")
+        if (self.certfile is None) != (self.keyfile is None):
+            raise FencingConfigurationError("ZooKeeperTLS needs both certfile and keyfile, or neither")
+        if not isinstance(self.verify_certs, bool):
+            raise FencingConfigurationError(f"ZooKeeperTLS verify_certs must be a bool, got {self.verify_certs!r}")
+
+
+def _validate_digest(digest: object) -> tuple[str, str] | None:
+    if digest is None:
+        return None
+    if (
+        isinstance(digest, tuple)
+        and len(digest) == 2
+        and all(isinstance(part, str) and part and "\0" not in part for part in digest)
+        and ":" not in digest[0]
+    ):
+        return digest[0], digest[1]
+    # Never echo the value: it holds the password.
+    raise FencingConfigurationError(
+        "digest must be a (username, password) pair of non-empty str, the username without ':'"
+    )
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _url_flag(name: str, raw: str, shown: str) -> bool:
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise FencingConfigurationError(f"{name}={raw!r:.40} in {shown!r} must be true or false")
 
 
 # Sources that build their own client, reset in a forked child before any of its threads run.
@@ -451,6 +522,10 @@ class ZooKeeperTokenSource:
     :param lock_delay: default seconds an exclusive resource stays un-grantable
         after its holder failed rather than released it (see "Lock-delay" in the
         module docstring); 0 (the default) turns it off. ``lease()`` can override it.
+    :param digest: ``(username, password)``: authenticate with ZooKeeper's
+        digest scheme and create every znode with an ACL for that user only
+        (see "Access control and TLS"). Only for a client the source builds.
+    :param tls: TLS options for a client the source builds.
     :raises FencingConfigurationError: for bad arguments.
     """
 
@@ -467,9 +542,19 @@ class ZooKeeperTokenSource:
         timeout: float = 5.0,
         session_timeout: float = 10.0,
         lock_delay: float = 0.0,
+        digest: tuple[str, str] | None = None,
+        tls: ZooKeeperTLS | None = None,
     ) -> None:
         if (hosts is None) == (client is None):
             raise FencingConfigurationError("ZooKeeperTokenSource needs exactly one of hosts= or client=")
+        self._digest = _validate_digest(digest)
+        if tls is not None and not isinstance(tls, ZooKeeperTLS):
+            raise FencingConfigurationError(f"tls must be a ZooKeeperTLS, not {type(tls).__name__}")
+        self.tls = tls
+        if client is not None and (digest is not None or tls is not None):
+            raise FencingConfigurationError(
+                "digest= and tls= configure a client the source builds; give your own client its auth and TLS"
+            )
         self.hosts = _validate_hosts(hosts) if hosts is not None else None
         self.root = _validate_root(root)
         self.timeout = _validate_seconds("timeout", timeout)
@@ -504,45 +589,94 @@ class ZooKeeperTokenSource:
 
     @classmethod
     def from_url(cls, url: str) -> ZooKeeperTokenSource:
-        """Build a source from ``zookeeper://h1:2181,h2:2181/root?timeout=5&session_timeout=10``.
+        """Build a source from ``zookeeper://[user:password@]h1:2181,h2:2181/root?timeout=5&session_timeout=10``.
 
-        The path is the root znode (default ``/fencing``).
+        The path is the root znode (default ``/fencing``). ``user:password@``
+        are digest credentials (percent-encoded). TLS: ``tls=true`` and
+        optionally ``ca=``, ``certfile=``, ``keyfile=`` (file paths) and
+        ``verify_certs=false``.
 
-        :raises FencingConfigurationError: naming what is wrong with *url*.
+        :raises FencingConfigurationError: naming what is wrong with *url*
+            (with the password shown as ``***``).
         """
-        from . import _parse_seconds
+        from . import _parse_seconds, redact_url, split_url
 
         if not isinstance(url, str):
             raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
-        from . import split_url
-
+        shown = redact_url(url)
         parts = split_url(url, "ZooKeeper URL")
         if parts.scheme.lower() != "zookeeper":
-            raise FencingConfigurationError(f"not a zookeeper:// URL: {url!r}")
-        if "@" in parts.netloc:
-            raise FencingConfigurationError(f"credentials in the ZooKeeper URL are not supported: {url!r}")
-        if not parts.netloc:
-            raise FencingConfigurationError(f"zookeeper:// URL {url!r} names no host")
+            raise FencingConfigurationError(f"not a zookeeper:// URL: {shown!r}")
+        credentials, at, netloc = parts.netloc.rpartition("@")
+        digest = None
+        if at:
+            user, colon, password = credentials.partition(":")
+            if not colon or not user or not password:
+                raise FencingConfigurationError(f"ZooKeeper URL {shown!r}: credentials must be user:password@")
+            digest = _validate_digest((unquote(user), unquote(password)))
+        if not netloc:
+            raise FencingConfigurationError(f"zookeeper:// URL {shown!r} names no host")
         if parts.fragment:
-            raise FencingConfigurationError(f"zookeeper:// URL {url!r} must not have a #fragment")
-        hosts = _validate_hosts(parts.netloc, url)
+            raise FencingConfigurationError(f"zookeeper:// URL {shown!r} must not have a #fragment")
+        hosts = _validate_hosts(netloc, shown)
         path = unquote(parts.path)
         root = path if path not in ("", "/") else "/fencing"
         try:
             params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
         except ValueError as exc:
-            raise FencingConfigurationError(f"malformed query string in ZooKeeper URL {url!r}: {exc}") from exc
-        unknown = sorted(set(params) - {"timeout", "session_timeout"})
+            raise FencingConfigurationError(f"malformed query string in ZooKeeper URL {shown!r}: {exc}") from exc
+        tls_params = {"tls", "ca", "certfile", "keyfile", "verify_certs"}
+        allowed = {"timeout", "session_timeout"} | tls_params
+        unknown = sorted(set(params) - allowed)
         if unknown:
             raise FencingConfigurationError(
-                f"unknown parameter(s) {', '.join(unknown)} in {url!r}; zookeeper:// accepts session_timeout, timeout"
+                f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; zookeeper:// accepts "
+                f"{', '.join(sorted(allowed))}"
             )
-        seconds = {name: _parse_seconds(url, name, raw) for name, raw in params.items()}
+        tls = None
+        if tls_params & set(params):
+            if not _url_flag("tls", params.get("tls", "true"), shown):
+                if set(params) & (tls_params - {"tls"}):
+                    raise FencingConfigurationError(f"TLS options in {shown!r} need tls=true")
+            else:
+                tls = ZooKeeperTLS(
+                    ca=params.get("ca") or None,
+                    certfile=params.get("certfile") or None,
+                    keyfile=params.get("keyfile") or None,
+                    verify_certs=_url_flag("verify_certs", params.get("verify_certs", "true"), shown),
+                )
+        seconds = {name: _parse_seconds(shown, name, raw) for name, raw in params.items() if name not in tls_params}
         try:
             root = _validate_root(root)
         except FencingConfigurationError as exc:
-            raise FencingConfigurationError(f"{exc} (in {url!r})") from None
-        return cls(hosts, root=root, **seconds)
+            raise FencingConfigurationError(f"{exc} (in {shown!r})") from None
+        return cls(hosts, root=root, digest=digest, tls=tls, **seconds)
+
+    def client_options(self) -> dict[str, Any]:
+        """The ``KazooClient`` keyword arguments for this source's auth, ACL and TLS (none without them).
+
+        For tools that open a client of their own on the same ensemble
+        (``celery-fencing inspect``). The result holds the password: never log it.
+        """
+        options: dict[str, Any] = {}
+        if self._digest is not None:
+            user, password = self._digest
+            options["auth_data"] = [("digest", f"{user}:{password}")]
+            options["default_acl"] = [make_digest_acl(user, password, all=True)]
+        if self.tls is not None:
+            options.update(
+                use_ssl=True,
+                ca=self.tls.ca,
+                certfile=self.tls.certfile,
+                keyfile=self.tls.keyfile,
+                verify_certs=self.tls.verify_certs,
+            )
+        return options
+
+    @property
+    def username(self) -> str | None:
+        """The digest user, or ``None`` (the password is not exposed)."""
+        return None if self._digest is None else self._digest[0]
 
     # Public API ----------------------------------------------------------------
 
@@ -856,7 +990,9 @@ class ZooKeeperTokenSource:
 
     def __repr__(self) -> str:
         where = self.hosts if self.hosts is not None else "caller's client"
-        return f"<ZooKeeperTokenSource {where}{self.root} {self.state}>"
+        user = f"{self.username}@" if self._digest is not None else ""
+        tls = " tls" if self.tls is not None else ""
+        return f"<ZooKeeperTokenSource {user}{where}{self.root}{tls} {self.state}>"
 
     # Connection ----------------------------------------------------------------
 
@@ -899,6 +1035,7 @@ class ZooKeeperTokenSource:
             # Reconnect forever, but at least once a second: kazoo's default backoff
             # grows to an hour, leaving a source offline long after ZooKeeper is back.
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, ignore_expire=True),
+            **self.client_options(),
         )
         self._attach(client)
         return client
