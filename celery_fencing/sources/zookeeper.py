@@ -116,7 +116,10 @@ change nor delete them, nor create or delete znodes under them. ZooKeeper ACLs
 are per znode and not inherited: a root that already existed keeps its own
 ACL (set it with ``setAcl``). With ``tls=ZooKeeperTLS(...)`` (or ``?tls=true&ca=...``)
 the client speaks TLS to the servers' ``secureClientPort``. The password is
-never logged or shown: ``repr()`` and error messages print URLs with ``***``.
+never logged or shown: ``repr()`` and error messages print URLs with ``***``,
+and the client the source builds logs through an adapter of kazoo's logger
+that masks the password: kazoo itself logs every request it sends at DEBUG,
+the authentication packet with the clear-text ``user:password`` included.
 
 Threads and processes
 ---------------------
@@ -155,6 +158,7 @@ from urllib.parse import parse_qsl, quote, unquote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.protocol.serialization import Auth
 from kazoo.protocol.states import EventType, KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
@@ -350,6 +354,33 @@ def _validate_digest(digest: object) -> tuple[str, str] | None:
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class _MaskingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger, with the ``auth`` of authentication packets masked.
+
+    kazoo logs each request it sends at DEBUG ("Sending request(xid=-4):
+    Auth(auth_type=0, scheme='digest', auth='user:password')"); this adapter
+    is the ``logger=`` of the clients this module builds, so that record
+    carries ``auth='***'`` instead. Everything else goes to kazoo's logger
+    (``kazoo.client``) unchanged, so its configuration still applies.
+    """
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        masked = tuple(_mask(arg) for arg in args)
+        super().log(level, msg, *masked, **kwargs)
+
+    def warn(self, msg: object, *args: object, **kwargs: Any) -> None:  # kazoo still calls warn()
+        self.log(logging.WARNING, msg, *args, **kwargs)
+
+
+def _mask(arg: object) -> object:
+    if isinstance(arg, Auth):
+        return arg._replace(auth="***")
+    return arg
+
+
+_KAZOO_LOGGER = _MaskingLogger(logging.getLogger("kazoo.client"), {})
 
 
 def _url_flag(name: str, raw: str, shown: str) -> bool:
@@ -653,12 +684,12 @@ class ZooKeeperTokenSource:
         return cls(hosts, root=root, digest=digest, tls=tls, **seconds)
 
     def client_options(self) -> dict[str, Any]:
-        """The ``KazooClient`` keyword arguments for this source's auth, ACL and TLS (none without them).
+        """The ``KazooClient`` keyword arguments for this source's auth, ACL, TLS and password-masking logger.
 
         For tools that open a client of their own on the same ensemble
         (``celery-fencing inspect``). The result holds the password: never log it.
         """
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"logger": _KAZOO_LOGGER}
         if self._digest is not None:
             user, password = self._digest
             options["auth_data"] = [("digest", f"{user}:{password}")]
