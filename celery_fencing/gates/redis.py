@@ -600,9 +600,16 @@ def _expiry_ms(ex: object) -> int:
     if isinstance(ex, timedelta):
         seconds = ex.total_seconds()
     elif isinstance(ex, (int, float)) and not isinstance(ex, bool):
-        seconds = float(ex)
+        try:
+            seconds = float(ex)
+        except OverflowError:
+            seconds = math.inf
     else:
         raise InvalidArgumentError(f"ex must be seconds or a timedelta, not {type(ex).__name__}")
-    if not math.isfinite(seconds) or round(seconds * 1000) < 1:
-        raise InvalidArgumentError(f"ex must be a finite expiry of at least 1 ms, got {ex!r:.60}")
+    # Redis refuses an expiry past 2**63 ms from now, inside the script: bound it here, before any I/O.
+    if not math.isfinite(seconds) or not 1 <= round(seconds * 1000) <= _MAX_EXPIRY_MS:
+        raise InvalidArgumentError(f"ex must be a finite expiry of 1 ms to about 8,900 years, got {ex!r:.60}")
     return round(seconds * 1000)
+
+
+_MAX_EXPIRY_MS = 2**48
