@@ -24,7 +24,8 @@ from tests.fixtures import zookeeper as zk
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# The newest PostgreSQL installed (Debian keeps each major version apart); 15 on the development machine.
+PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), default=Path("/nonexistent"))
 
 
 def _setpriv(*extra: str) -> list[str]:
@@ -234,7 +235,7 @@ class RedisServer:
 
 
 class PostgresServer:
-    """A PostgreSQL 15 cluster that takes TLS connections only (``hostnossl ... reject``), with password auth.
+    """A PostgreSQL cluster that takes TLS connections only (``hostnossl ... reject``), with password auth.
 
     ``initdb`` and ``postgres`` run as the ``postgres`` system user (PostgreSQL
     refuses to run as root), from a temporary directory it owns.
