@@ -39,7 +39,8 @@ first grantor that passes it. A mark table created before the ``grantor``
 column existed keeps working without the grantor check (the gate looks once,
 and logs a warning naming the migration): ``create_schema()`` adds the column,
 or run ``ALTER TABLE fencing_high_water ADD COLUMN grantor VARCHAR(64)``
-(``VARBINARY(64)`` on MySQL/MariaDB). Column mode does not check grantors.
+(``VARBINARY(64)`` on MySQL/MariaDB). Column mode checks grantors when given
+a ``grantor_column`` (see :meth:`SQLGate.fenced_update`).
 
 The upsert, per dialect (rowcount 0, or a non-zero insert id on MySQL, means stale):
 
@@ -212,7 +213,7 @@ class SQLGate:
         self._dialect = dialect
         self._mysql = dialect in _MYSQL_FAMILY
         self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
-        self._fence_clauses: dict[tuple[Table, str, str | None], _FenceClauses] = {}
+        self._fence_clauses: dict[tuple[Table, str, str | None, str | None], _FenceClauses] = {}
         t = self._table
         resource = bindparam("resource", type_=t.c.resource.type)
         token = bindparam("token", type_=t.c.token.type)
@@ -508,6 +509,7 @@ class SQLGate:
         values: Mapping[str, Any],
         fence_column: str = "fence",
         resource_column: str | None = None,
+        grantor_column: str | None = None,
     ) -> int:
         """``UPDATE table SET <values>, fence = :t WHERE <where> AND fence <= :t``, one statement.
 
@@ -516,6 +518,12 @@ class SQLGate:
         *resource_column*, the row must also belong to ``token.resource``
         (``AND <resource_column> = :resource``), so a token of another
         resource, however large, cannot write it.
+
+        With *grantor_column* (a nullable string column), the row's fence
+        belongs to a grantor: a token of another grantor raises
+        :class:`~celery_fencing.GrantorMismatchError` and changes nothing, and
+        a row whose grantor is NULL takes the token's. A token without a
+        grantor is checked by its value only.
 
         *where* should select one row (its primary key): each matched row is
         fenced by its own column. To claim a row before reading it, call this
@@ -531,29 +539,39 @@ class SQLGate:
         :raises StaleTokenError: a matching row's fence is above the token
             (``high_water`` is that fence; nothing changed).
         :raises ResourceMismatchError: a matching row belongs to another resource.
-        :raises InvalidTokenError: bad token, before any I/O.
-        :raises FencingConfigurationError: no such column, or *values* sets the fence.
+        :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
+        :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
+        :raises FencingConfigurationError: no such column, or *values* sets the fence or grantor.
         :raises GateUnavailableError: the connection failed; other database
             errors (your constraints) propagate unchanged.
         """
-        checked = resolve_token(token)
-        if fence_column in values:
-            raise FencingConfigurationError(f"values must not set the fence column {fence_column!r}: the gate sets it")
-        clauses = self._fence_clauses.get((table, fence_column, resource_column))
+        checked = self._checked(token)
+        for column in (fence_column, grantor_column):
+            if column is not None and column in values:
+                raise FencingConfigurationError(f"values must not set the column {column!r}: the gate sets it")
+        key = (table, fence_column, resource_column, grantor_column)
+        clauses = self._fence_clauses.get(key)
         if clauses is None:
-            clauses = _FenceClauses(table, fence_column, resource_column)
-            self._fence_clauses[(table, fence_column, resource_column)] = clauses
-        stmt = update(table).where(where, clauses.condition).values({**values, fence_column: clauses.token})
+            clauses = self._fence_clauses[key] = _FenceClauses(table, fence_column, resource_column, grantor_column)
         params = {_TOKEN_PARAM: checked.value, _RESOURCE_PARAM: checked.resource}
+        assignments = {**values, fence_column: clauses.token}
+        condition = clauses.condition
+        grantor = clauses.grantor
+        if grantor is not None and checked.grantor is not None:
+            # Only with a grantor: a token without one is checked by value, as before grantor ids.
+            condition = and_(condition, clauses.grantor_condition)
+            assignments[grantor.name] = clauses.grantor_param
+            params[_GRANTOR_PARAM] = checked.grantor
+        stmt = update(table).where(where, condition).values(assignments)
         fence, owner = clauses.fence, clauses.owner
         try:
             count = connection.execute(stmt, params).rowcount
             if count:
                 return count
-            # Nothing updated: tell "no such row" from "stale" and "another
-            # resource's row". FOR UPDATE reads the latest committed row, not a
-            # REPEATABLE READ snapshot.
-            columns = [fence] if owner is None else [fence, owner]
+            # Nothing updated: tell "no such row" from "stale", "another
+            # resource's row" and "another grantor's fence". FOR UPDATE reads the
+            # latest committed row, not a REPEATABLE READ snapshot.
+            columns = [fence, owner if owner is not None else fence, grantor if grantor is not None else fence]
             rows = connection.execute(select(*columns).where(where).with_for_update()).all()
         except sa_exc.SQLAlchemyError as exc:
             if isinstance(exc, _UNAVAILABLE) or getattr(exc, "connection_invalidated", False):
@@ -567,6 +585,9 @@ class SQLGate:
                         token_resource=checked.resource,
                         expected_resource=row[1],
                     )
+        if grantor is not None:
+            for row in rows:
+                check_grantor(checked, row[2])
         fences = [row[0] for row in rows if row[0] is not None and row[0] > checked.value]
         if fences:
             raise StaleTokenError(resource=checked.resource, token=checked.value, high_water=max(fences))
@@ -580,6 +601,7 @@ class SQLGate:
 # they cannot meet a parameter of the caller's WHERE.
 _TOKEN_PARAM = "celery_fencing_token"
 _RESOURCE_PARAM = "celery_fencing_resource"
+_GRANTOR_PARAM = "celery_fencing_grantor"
 
 
 class _FenceClauses:
@@ -591,7 +613,9 @@ class _FenceClauses:
     The token and resource are bound at execution.
     """
 
-    def __init__(self, table: Table, fence_column: str, resource_column: str | None) -> None:
+    def __init__(
+        self, table: Table, fence_column: str, resource_column: str | None, grantor_column: str | None = None
+    ) -> None:
         self.fence = _column(table, fence_column)
         self.token = bindparam(_TOKEN_PARAM, type_=self.fence.type)
         # NULL is "never fenced": rows that predate the fence column stay writable.
@@ -601,6 +625,13 @@ class _FenceClauses:
             self.owner = _column(table, resource_column)
             condition = and_(condition, self.owner == bindparam(_RESOURCE_PARAM, type_=self.owner.type))
         self.condition: ColumnElement[bool] = condition
+        self.grantor: Column[Any] | None = None
+        if grantor_column is not None:
+            self.grantor = _column(table, grantor_column)
+            self.grantor_param = bindparam(_GRANTOR_PARAM, type_=self.grantor.type)
+            self.grantor_condition: ColumnElement[bool] = or_(
+                self.grantor.is_(None), self.grantor == self.grantor_param
+            )
 
 
 class _FencedTransaction(AbstractContextManager[Connection]):
