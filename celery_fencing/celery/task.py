@@ -71,7 +71,7 @@ from ..protocols import Gate
 from ..token import FencingToken, validate_resource
 from . import signals
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
-from .settings import MODES, SETTINGS, FencingSettings
+from .settings import MODES, FencingSettings, setting
 
 __all__ = ["FencedTask", "fenced_task"]
 
@@ -152,8 +152,7 @@ class FencedTask(Task):  # type: ignore[misc]
         value = getattr(self, f"fencing_{name}", None)
         if value is None:
             return getattr(settings, name)
-        setting = next(s for s in SETTINGS if s.name == f"fencing_{name}")
-        return setting.parse(f"{type(self).__name__}.fencing_{name}", value)
+        return setting(f"fencing_{name}").parse(f"{type(self).__name__}.fencing_{name}", value)
 
     def _retry_policy(self, settings: FencingSettings) -> RetryPolicy:
         backoff = ExponentialBackoff(
