@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from ..exceptions import FencingConfigurationError, FencingError
+from ..sources import token_source_from_url
 from .events import EventLog
 from .processes import DemoWorker
 from .settings import DemoSettings
@@ -219,6 +220,11 @@ class DemoRunner:
         self.progress.show("preparing the account store")
         world.store = store_from_url(settings.store, settings.namespace)
         _preflight("the account store", settings.store, world.store.setup)
+        if settings.source.startswith("sqlite:"):
+            # Create the counter file (and its grantor id) once, here, rather
+            # than in both workers as they start.
+            self.progress.show("creating the token counter file")
+            _preflight("the token source", settings.source, lambda: token_source_from_url(settings.source).close())
         if zookeeper_root is not None:
             self.progress.show(f"connecting to ZooKeeper at {zookeeper_root[0]}")
             _preflight("ZooKeeper", settings.source, lambda: _check_zookeeper(settings.source))

@@ -25,12 +25,16 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ..exceptions import FencingConfigurationError, InvalidTokenError, TokenUnavailableError
 from ..token import FencingToken, validate_grantor, validate_resource
 
 __all__ = ["SQLiteTokenSource"]
+
+_T = TypeVar("_T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fencing_tokens (
@@ -75,9 +79,7 @@ class SQLiteTokenSource:
         self._registry_lock = threading.Lock()
         self._closed = False
         try:
-            conn = self._connection()
-            conn.execute("INSERT OR IGNORE INTO fencing_grantor (singleton, id) VALUES (1, ?)", (_new_grantor(),))
-            (stored,) = conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
+            stored = self._retry_while_locked(self._create, time.monotonic() + timeout)
         except sqlite3.Error as exc:
             raise FencingConfigurationError(f"cannot open SQLite token database {str(self.path)!r}: {exc}") from exc
         try:
@@ -86,16 +88,52 @@ class SQLiteTokenSource:
         except InvalidTokenError as exc:
             raise FencingConfigurationError(f"{str(self.path)!r} holds no valid grantor id: {exc}") from exc
 
+    @staticmethod
+    def _retry_while_locked(step: Callable[[], _T], deadline: float) -> _T:
+        # Several processes opening a new file at once (the workers of a fresh
+        # deployment) contend for it: switching to WAL and a statement that
+        # upgrades a read to a write in WAL fail at once with "locked"/"busy"
+        # instead of waiting in SQLite's busy handler. Retry until the deadline.
+        delay = 0.005
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                message = str(exc)
+                if ("locked" not in message and "busy" not in message) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _create(self) -> str:
+        """Create the tables and the grantor row if missing; return the stored grantor id."""
+        conn = self._connection()
+        # One write transaction taken up front: BEGIN IMMEDIATE waits in the busy
+        # handler for other writers, so schema and identity appear together.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(_SCHEMA)
+            conn.execute(_GRANTOR_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO fencing_grantor (singleton, id) VALUES (1, ?)", (_new_grantor(),))
+            (stored,) = conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return str(stored)
+
     def _connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             return conn
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute(_SCHEMA)
-        conn.execute(_GRANTOR_SCHEMA)
+        try:
+            self._retry_while_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), time.monotonic() + self.timeout)
+            conn.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            conn.close()
+            raise
         self._local.conn = conn
         self._local.pid = os.getpid()
         with self._registry_lock:
@@ -112,9 +150,9 @@ class SQLiteTokenSource:
         if self._closed:
             raise TokenUnavailableError("SQLiteTokenSource is closed", resource=resource)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        conn = self._connection()
         while True:
             try:
+                conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     (value,) = conn.execute(_MINT, (resource,)).fetchone()

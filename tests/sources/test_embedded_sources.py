@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,6 +78,44 @@ def test_sqlite_child_after_fork_mints_on_its_own_connection(tmp_path: Path) -> 
     os.waitpid(pid, 0)
     assert child_value > parent_first
     assert source.mint("r").value > child_value
+
+
+def _open_and_mint(path: str, start: Any, results: Any) -> None:
+    start.wait()
+    try:
+        source = SQLiteTokenSource(path, timeout=10.0)
+        token = source.mint("r")
+        results.put(("ok", source.grantor, token.value))
+    except Exception as exc:  # reported to the parent, which fails the test
+        results.put(("error", type(exc).__name__, str(exc)))
+
+
+def test_sqlite_many_processes_opening_a_new_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Workers of a fresh deployment start together: none fails with "database is locked".
+
+    Switching a new file to WAL and creating its tables race between
+    processes; SQLite reports some of those conflicts at once instead of
+    waiting, and a worker that gave up there refused to start (a CI failure
+    of the demo). Every process must open the file, agree on one grantor id,
+    and mint a distinct token.
+    """
+    context = multiprocessing.get_context("fork")
+    processes = 8
+    for attempt in range(10):
+        path = str(tmp_path / f"fresh-{attempt}.db")
+        start = context.Event()
+        results = context.Queue()
+        children = [context.Process(target=_open_and_mint, args=(path, start, results)) for _ in range(processes)]
+        for child in children:
+            child.start()
+        start.set()
+        outcomes = [results.get(timeout=60) for _ in children]
+        for child in children:
+            child.join(timeout=30)
+        errors = [outcome for outcome in outcomes if outcome[0] != "ok"]
+        assert errors == [], f"round {attempt}: {errors}"
+        assert len({grantor for _, grantor, _ in outcomes}) == 1
+        assert sorted(value for _, _, value in outcomes) == list(range(1, processes + 1))
 
 
 def test_memory_source_warns_it_is_volatile(caplog: pytest.LogCaptureFixture) -> None:
