@@ -14,6 +14,10 @@ Each task does one Redis write and returns a result. The variants:
 ``exclusive``
     ``FencedTask`` in exclusive mode, every task on one hot resource, the
     write through ``RedisGate.set``, results through ``fenced+redis://``.
+``zk-write``
+    the physical floor of token mode: the plain task plus one raw kazoo
+    ``set()`` (one quorum write, what a token costs at least) per task on
+    its process's own znode; no gate, the plain backend.
 
 Workers run it as ``celery -A benchmarks.celery_app worker`` configured from
 the environment: BENCH_VARIANT, BENCH_BROKER, BENCH_REDIS (task data and
@@ -32,7 +36,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 TASK = "bench.work"
-VARIANTS = ("plain", "singleton", "fenced", "exclusive")
+VARIANTS = ("plain", "singleton", "fenced", "exclusive", "zk-write")
 
 _data: redis.Redis | None = None
 
@@ -105,6 +109,15 @@ def make_app(
             data(redis_url).set(f"{prefix}:k:{i}", i)
             return i
 
+    elif variant == "zk-write":
+        zk = _ZooKeeperWrite(source or "")
+
+        @app.task(name=TASK, shared=False)
+        def work(i: int) -> int:
+            zk.write()
+            data(redis_url).set(f"{prefix}:k:{i}", i)
+            return i
+
     elif variant == "singleton":
         from celery_singleton import Singleton
 
@@ -143,6 +156,28 @@ def make_app(
 
         worker_ready.connect(ready, weak=False)
     return app
+
+
+class _ZooKeeperWrite:
+    """One kazoo client per process (started after fork), writing its own znode."""
+
+    def __init__(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self.hosts, self.root = parts.netloc, parts.path or "/bench-floor"
+        self._client: Any = None
+        self._path = ""
+
+    def write(self) -> None:
+        if self._client is None:
+            from kazoo.client import KazooClient
+
+            self._client = KazooClient(self.hosts, timeout=10)
+            self._client.start(30)
+            self._path = f"{self.root}/floor-{os.getpid()}"
+            self._client.ensure_path(self._path)
+        self._client.set(self._path, b"")
 
 
 if os.environ.get("BENCH_VARIANT"):

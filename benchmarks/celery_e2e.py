@@ -53,6 +53,7 @@ class Variant:
     variant: str
     source: str | None = None  # "zookeeper" or "sqlite"
     lease_reuse: float | None = None
+    concurrency: int = 2
 
 
 VARIANTS = {
@@ -64,6 +65,11 @@ VARIANTS = {
         Variant("fenced-sqlite", "fenced, token mode, SQLite", "fenced", "sqlite"),
         Variant("exclusive-zk", "fenced, exclusive, hot resource, no reuse", "exclusive", "zookeeper", 0.0),
         Variant("exclusive-reuse-zk", "fenced, exclusive, hot resource, lease reuse", "exclusive", "zookeeper", 1.0),
+        # The floors the targets are measured against: what any token-minting design
+        # pays (one quorum write per task), and what any mutual exclusion on one hot
+        # resource allows (one execution at a time: a worker of concurrency 1).
+        Variant("floor-zk-write", "floor: plain task + one raw ZooKeeper write", "zk-write", "zookeeper"),
+        Variant("floor-serial", "floor: plain task, one at a time (-c 1)", "plain", concurrency=1),
     )
 }
 TARGETS = {"fenced-zk": 0.75, "exclusive-reuse-zk": 0.9}
@@ -86,7 +92,7 @@ class BenchWorker:
             env=env,
             log_dir=log_dir,
             pool="prefork",
-            concurrency=2,
+            concurrency=variant.concurrency,
             extra_args=("--loglevel", "WARNING"),
         )
 
@@ -103,7 +109,8 @@ class BenchWorker:
         def ready() -> bool:
             if process.proc is not None and process.proc.poll() is not None:
                 raise RuntimeError(f"worker {process.name} exited:\n{process.log()[-3000:]}")
-            return bool(self.redis.exists(f"{self.prefix}:ready")) and len(process.pool_pids()) >= 2
+            ready = self.redis.exists(f"{self.prefix}:ready")
+            return bool(ready) and len(process.pool_pids()) >= self.variant.concurrency
 
         wait_for(ready, timeout, f"worker {process.name} (log: {process.log_path})")
 
@@ -336,6 +343,9 @@ def run(
         for key in ("fenced-zk", "fenced-sqlite"):
             if key in samples:
                 ratios.append((f"{key} / singleton", label[key], label["singleton"], 1.0))
+    for key, floor in (("fenced-zk", "floor-zk-write"), ("exclusive-reuse-zk", "floor-serial")):
+        if key in samples and floor in samples:
+            ratios.append((f"{key} / {floor}", label[key], label[floor], None))
     if "exclusive-zk" in samples and "exclusive-reuse-zk" in samples:
         ratios.append(("exclusive reuse / no reuse", label["exclusive-reuse-zk"], label["exclusive-zk"], None))
     table = Table(

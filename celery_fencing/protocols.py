@@ -23,6 +23,12 @@ class TokenSource(Protocol):
       restarts of the grantor.
     * ``mint`` returns within *timeout* seconds or raises
       :class:`~celery_fencing.TokenUnavailableError`; it never hangs.
+
+    A source whose tokens are one global sequence (ZooKeeper's zxid) may also
+    offer ``mint_transient(resource, *, timeout=None)``: a token ordered as
+    ``mint``'s, mixed freely with them, that leaves no per-resource state
+    behind. Fenced tasks use it for task-id resources, which are never
+    minted for again once the task is done.
     """
 
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:

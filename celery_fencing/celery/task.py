@@ -233,7 +233,10 @@ class FencedTask(Task):  # type: ignore[misc]
                 request.fencing_lease = held
                 token = held.lease.token
             else:
-                token = source.mint(resource, timeout=settings.timeout)
+                # A task id is never minted for again once its task is done: a source
+                # that can mint without keeping per-resource state (ZooKeeper) should.
+                transient = getattr(source, "mint_transient", None) if resource_is_task_id else None
+                token = (transient or source.mint)(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
         execution = Execution(token, task_id=request.id, abort_on_session_loss=settings.abort_on_session_loss)

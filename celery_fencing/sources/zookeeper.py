@@ -1,7 +1,10 @@
 """ZooKeeper, the production grantor: a token is the zxid of one ZooKeeper write.
 
 Minting is one ``setData`` on a per-resource znode, ``<root>/tokens/<name>``;
-the token is the write's ``mzxid``. A zxid is 64-bit (leader epoch in the high
+the token is the write's ``mzxid``. Resources minted for only briefly (task
+ids) mint with ``mint_transient`` instead, a ``setData`` on one shared znode
+``<root>/transient``: zxids are global, so that write's zxid orders the same
+way and no znode is left behind per task. A zxid is 64-bit (leader epoch in the high
 32 bits, a counter in the low 32) and is assigned through ZooKeeper's
 replicated log, so it grows across leader failover, server restart, and even
 deletion and re-creation of the znode. Sequence-node suffixes (signed 32-bit,
@@ -805,13 +808,35 @@ class ZooKeeperTokenSource:
         :raises FencingConfigurationError: a caller's client crossed ``fork()``.
         """
         names = [validate_resource(resource) for resource in resources]
+        return self._mint(names, [self._token_path(name) for name in names], timeout)
+
+    def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """Mint a token for *resource* without giving the resource a znode of its own.
+
+        For resources that are minted for a few times and never looked up
+        again: a task id, the default resource of a fenced task, would
+        otherwise leave one znode per task behind (ZooKeeper's memory grows
+        with every task until :meth:`prune` runs). The token is the zxid of a
+        ``setData`` on one shared znode, ``<root>/transient``. That is as good
+        a token as :meth:`mint`'s: a zxid is global, so a write made after any
+        earlier token of *resource* was minted (by either method) has a
+        larger zxid, and two writes never share one. It is also cheaper for
+        ZooKeeper than the ``create`` of a new znode. What the resource loses
+        is only a per-resource record of its last token (``inspect`` then
+        shows the ensemble's zxid). Errors and guarantees as :meth:`mint`.
+        """
+        name = validate_resource(resource)
+        return self._mint([name], [f"{self.root}/transient"], timeout)[0]
+
+    def _mint(self, names: list[str], paths: list[str], timeout: float | None) -> list[FencingToken]:
+        """One token per name: the zxid of one write to the znode at the same position of *paths*."""
         deadline = self._deadline(timeout)
         if not names:
             return []
         client = self._usable_client(names[0])
         for _ in range(3):
             session, grantor = self._session_grantor(client, deadline, names[0])
-            stats = self._write_token_znodes(client, names, deadline)
+            stats = self._write_token_znodes(client, names, paths, deadline)
             # A reply came on the session the id was read in: the zxids are that data's.
             if _session_of(client) == session:
                 return [self._token_from(name, stat, grantor) for name, stat in zip(names, stats, strict=True)]
@@ -819,9 +844,8 @@ class ZooKeeperTokenSource:
             "the ZooKeeper session kept changing while minting; no token was handed out", resource=names[0]
         )
 
-    def _write_token_znodes(self, client: Any, names: list[str], deadline: float) -> list[Any]:
-        """One write per name (``setData``, or ``create`` of a new znode), pipelined; their stats in order."""
-        paths = [self._token_path(name) for name in names]
+    def _write_token_znodes(self, client: Any, names: list[str], paths: list[str], deadline: float) -> list[Any]:
+        """One write per path (``setData``, or ``create`` of a new znode), pipelined; their stats in order."""
         known = self._known
         # A znode this process has written exists (unless pruned since): setData. Any
         # other is most likely new: create it, its create being the one write.

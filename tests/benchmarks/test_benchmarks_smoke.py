@@ -39,9 +39,11 @@ def test_celery_end_to_end_runs_every_variant_in_real_workers(redis_url: str) ->
     """The end-to-end benchmark starts a real worker per variant, completes its tasks and reports
     tasks/s, ratios to plain, worker RSS and CPU per task."""
     out = _run("benchmarks.celery_e2e", "--rounds", "1", "--tasks", "20")
-    for key in ("plain", "singleton", "fenced-zk", "fenced-sqlite", "exclusive-zk", "exclusive-reuse-zk"):
+    keys = ("plain", "singleton", "fenced-zk", "fenced-sqlite", "exclusive-zk", "exclusive-reuse-zk")
+    for key in (*keys, "floor-zk-write", "floor-serial"):
         assert re.search(rf"\[{key}\]\s+{NUMBER}", out), out
-    for ratio in ("fenced-zk / plain", "fenced-zk / singleton", "exclusive-reuse-zk / plain"):
+    ratios = ("fenced-zk / plain", "fenced-zk / singleton", "exclusive-reuse-zk / plain")
+    for ratio in (*ratios, "fenced-zk / floor-zk-write", "exclusive-reuse-zk / floor-serial"):
         assert re.search(rf"^ratio {ratio}\s+{NUMBER}", out, re.MULTILINE), out
     assert re.search(r"fencing overhead per process \[fenced-zk\]: [+-]\d+\.\d MiB", out), out
     assert "CPU time per task" in out

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
+from celery_fencing import FencingToken
 from celery_fencing.celery import FencedTask, install
 from celery_fencing.celery.runtime import runtime_for
 
@@ -99,6 +100,13 @@ def gated_job(self: Task, name: str, value: str, fenced: bool = True) -> str:
         data().set(key("job", name), written)
     event("wrote", self.request.id, token.value, os.getpid())
     return written
+
+
+@app.task(bind=True, base=FencedTask)
+def task_id_token(self: Task) -> int:
+    """A short job fenced on its task id (the default resource): returns its token."""
+    token: FencingToken = self.request.fencing_token
+    return token.value
 
 
 @app.task(bind=True, base=FencedTask)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import uuid
 
+from kazoo.client import KazooClient
+
+from celery_fencing.sources.zookeeper import resource_to_znode_name
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 from .conftest import Scenario
@@ -26,6 +29,27 @@ def test_prefork_children_mint_zxid_tokens(scenario: Scenario, zookeeper_server:
     tokens = [g["token"] for g in got]
     assert tokens == sorted(set(tokens))
     assert len({g["pid"] for g in got}) >= 1
+
+
+def test_task_id_resources_leave_no_znode_per_task(scenario: Scenario, zookeeper_server: ZooKeeperServer) -> None:
+    """Tasks fenced on their task id mint through one shared znode (mint_transient): ZooKeeper does
+    not grow by a znode per task, tokens stay distinct, and a domain resource still gets its znode."""
+    _use_zookeeper(scenario, zookeeper_server)
+    scenario.worker("w", pool="prefork", concurrency=2)
+    results = [scenario.send("task_id_token") for _ in range(8)]
+    tokens = [result.get(timeout=60) for result in results]
+    assert len(set(tokens)) == len(tokens)
+    scenario.send("whoami", "zk").get(timeout=60)
+    root = f"/fencing-{scenario.name}"
+    admin = KazooClient(zookeeper_server.hosts)
+    admin.start(30)
+    try:
+        assert admin.get_children(f"{root}/tokens") == [resource_to_znode_name("plain:zk")]
+        _, stat = admin.get(f"{root}/transient")
+        assert stat.mzxid >= max(tokens)
+    finally:
+        admin.stop()
+        admin.close()
 
 
 def test_exclusive_mode_runs_one_execution_at_a_time(scenario: Scenario, zookeeper_server: ZooKeeperServer) -> None:

@@ -162,6 +162,33 @@ def test_recreated_znode_still_mints_higher(
         assert lease.token.value > after
 
 
+def test_transient_tokens_leave_no_znode_and_order_with_named_ones(
+    make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+) -> None:
+    """mint_transient (what fenced tasks use for task ids) writes one shared znode, never one per
+    resource; its tokens interleave with mint()'s of the same resource, from two sessions, in
+    strictly increasing order, and each is the zxid of its own write."""
+    first, second = make_source(), make_source()
+    task_ids = [f"task-{n}" for n in range(20)]
+    transient = [first.mint_transient(task_id) for task_id in task_ids]
+    assert [token.resource for token in transient] == task_ids
+    assert [token.value for token in transient] == sorted({token.value for token in transient})
+    assert not admin.exists(f"{first.root}/tokens") or admin.get_children(f"{first.root}/tokens") == []
+    _, stat = admin.get(f"{first.root}/transient")
+    assert stat.mzxid == transient[-1].value
+    assert transient[-1].grantor == first.grantor_id()
+
+    mixed = []
+    for n in range(12):
+        source = (first, second)[n % 2]
+        mint = source.mint_transient if n % 3 else source.mint
+        mixed.append(mint("task-mixed").value)
+    assert mixed == sorted(set(mixed)), mixed
+    assert mixed[0] > transient[-1].value
+    with pytest.raises(InvalidTokenError):
+        first.mint_transient("")
+
+
 # Connection trouble -------------------------------------------------------------------
 
 
