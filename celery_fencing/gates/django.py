@@ -14,8 +14,10 @@ It mirrors :class:`~celery_fencing.SQLGate` exactly; only the plumbing is Django
 * **Transaction mode** (:meth:`DjangoGate.transaction`, :meth:`DjangoGate.guard`):
   the first statement of the atomic block is one conditional upsert of the
   resource's row in the mark table
-  (``INSERT ... ON CONFLICT (resource) DO UPDATE SET token = excluded.token
-  WHERE fencing_high_water.token <= excluded.token``; rowcount 0 means stale).
+  (``INSERT ... ON CONFLICT (resource) DO UPDATE SET token = excluded.token,
+  grantor = COALESCE(excluded.grantor, fencing_high_water.grantor) WHERE
+  fencing_high_water.token <= excluded.token AND <the grantors agree>``;
+  rowcount 0 means refused).
   It takes the row's lock, which serialises every writer of the resource until
   the outermost block commits, so your ORM writes in the block commit
   atomically with the mark, and a refused token rolls back with them.
@@ -23,6 +25,16 @@ It mirrors :class:`~celery_fencing.SQLGate` exactly; only the plumbing is Django
   model, a ``fence`` field on that row is the mark, checked and advanced by the
   queryset's single ``UPDATE ... SET ..., fence = :t WHERE ... AND (fence IS
   NULL OR fence <= :t)``.
+
+Grantors: the upsert compares the token's grantor id with the mark's in the
+same statement. A token of another grantor raises
+:class:`~celery_fencing.GrantorMismatchError` naming both ids and changes
+nothing; a mark whose grantor is NULL (written by tokens without one, or before
+migration ``0002_highwatermark_grantor``) adopts the first grantor that passes
+it; a token without a grantor is compared by value only. Until that migration
+has run, the gate's statements fail (``GateUnavailableError``: the column is
+missing) rather than skip the check. Column mode checks grantors when given a
+``grantor_field``.
 
 The mark model is :class:`celery_fencing.contrib.django.models.HighWaterMark`
 (table ``fencing_high_water``, the same table SQLGate uses): add
@@ -50,8 +62,10 @@ does in ``worker_process_init``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from django.core.exceptions import FieldDoesNotExist
@@ -60,15 +74,33 @@ from django.db.models import Q, QuerySet
 
 from ..context import resolve_token
 from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
-from ..token import FencingToken, validate_resource
+from ..token import FencingToken, Mark, check_grantor, validate_resource
 
 __all__ = ["SUPPORTED_VENDORS", "DjangoGate", "fenced_update"]
+
+log = logging.getLogger(__name__)
 
 #: Django database vendors the gate supports.
 SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite"})
 
 # Connection-level failures of statements that are not the gate's own (column mode).
 _UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The gate's SQL for one mark model, quoted for one connection's vendor."""
+
+    #: (resource, token[, grantor]): the conditional upsert; rowcount 0 means refused.
+    upsert: str
+    #: (resource,): the mark, and its grantor (NULL for a model without one).
+    select: str
+    #: (resource, token[, grantor]): insert a mark where there is none; rowcount 0 if there was one.
+    insert_if_absent: str
+    #: (token[, grantor], resource, expected token[, expected grantor]): reset_mark's compare-and-set.
+    reset: str
+    #: reset with the expected grantor NULL.
+    reset_null_grantor: str
 
 
 class DjangoGate:
@@ -87,7 +119,10 @@ class DjangoGate:
     :param using: the database alias (``DATABASES`` key) of the marks and data.
     :param model: the mark model (default: ``HighWaterMark`` of the
         ``celery_fencing.contrib.django`` app); a model of your own needs the
-        same two fields, ``resource`` (primary key) and ``token``.
+        same fields, ``resource`` (primary key), ``token`` and ``grantor`` (a
+        nullable ``CharField(max_length=64)``). Without ``grantor`` the gate
+        compares values only and logs a warning: tokens of another grantor are
+        not detected.
     :raises FencingConfigurationError: an unknown alias or an unsupported database.
     """
 
@@ -107,24 +142,58 @@ class DjangoGate:
         self.using = using
         self.model = model
         self._vendor = vendor
-        self._upsert: str | None = None
-        self._select: str | None = None
+        self._with_grantor = _has_field(model, "grantor")
+        if not self._with_grantor:
+            log.warning(
+                "mark model %s has no grantor field: tokens of another grantor (a wiped or different ZooKeeper) "
+                "are not detected at this gate; add grantor = models.CharField(max_length=64, null=True)",
+                model._meta.label,
+            )
+        self._sql: _Statements | None = None
 
-    def _statements(self) -> tuple[str, str]:
+    def _statements(self) -> _Statements:
         # Built on first use: quoting needs the connection's operations, not a connection.
-        if self._upsert is None or self._select is None:
+        if self._sql is None:
             quote = connections[self.using].ops.quote_name
             meta = self.model._meta
             table = quote(meta.db_table)
             resource = quote(meta.get_field("resource").column)
             token = quote(meta.get_field("token").column)
-            self._upsert = (
-                f"INSERT INTO {table} ({resource}, {token}) VALUES (%s, %s) "
-                f"ON CONFLICT ({resource}) DO UPDATE SET {token} = excluded.{token} "
-                f"WHERE {table}.{token} <= excluded.{token}"
+            if self._with_grantor:
+                grantor = quote(meta.get_field("grantor").column)
+                columns, values = f"{resource}, {token}, {grantor}", "%s, %s, %s"
+                set_grantor = f", {grantor} = COALESCE(excluded.{grantor}, {table}.{grantor})"
+                # A mark without a grantor adopts; a token without one is compared by value.
+                agree = (
+                    f" AND ({table}.{grantor} IS NULL OR excluded.{grantor} IS NULL "
+                    f"OR {table}.{grantor} = excluded.{grantor})"
+                )
+                stored_grantor, reset_grantor = grantor, f", {grantor} = %s"
+                expect, expect_null = f" AND {grantor} = %s", f" AND {grantor} IS NULL"
+            else:
+                columns, values, set_grantor, agree = f"{resource}, {token}", "%s, %s", "", ""
+                stored_grantor, reset_grantor, expect, expect_null = "NULL", "", "", ""
+            reset = f"UPDATE {table} SET {token} = %s{reset_grantor} WHERE {resource} = %s AND {token} = %s"
+            self._sql = _Statements(
+                upsert=(
+                    f"INSERT INTO {table} ({columns}) VALUES ({values}) "
+                    f"ON CONFLICT ({resource}) DO UPDATE SET {token} = excluded.{token}{set_grantor} "
+                    f"WHERE {table}.{token} <= excluded.{token}{agree}"
+                ),
+                select=f"SELECT {token}, {stored_grantor} FROM {table} WHERE {resource} = %s",
+                insert_if_absent=(
+                    f"INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({resource}) DO NOTHING"
+                ),
+                reset=reset + expect,
+                reset_null_grantor=reset + expect_null,
             )
-            self._select = f"SELECT {token} FROM {table} WHERE {resource} = %s"
-        return self._upsert, self._select
+        return self._sql
+
+    def _mark_params(self, token: FencingToken) -> list[Any]:
+        params: list[Any] = [token.resource, token.value]
+        if self._with_grantor:
+            params.append(token.grantor)
+        return params
 
     # Gate protocol ------------------------------------------------------------
 
@@ -134,6 +203,7 @@ class DjangoGate:
         Inside an enclosing ``atomic()`` block the new mark commits with it.
 
         :raises StaleTokenError: the mark is above the token (nothing changed).
+        :raises GrantorMismatchError: the mark belongs to another grantor (nothing changed).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
@@ -146,15 +216,61 @@ class DjangoGate:
         :raises InvalidTokenError: bad resource name.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
+        found = self.mark(resource)
+        return None if found is None else found.value
+
+    def mark(self, resource: str) -> Mark | None:
+        """Return the resource's mark with its grantor, or ``None`` if it was never claimed.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
         validate_resource(resource)
-        _, select = self._statements()
+        select = self._statements().select
         try:
             with connections[self.using].cursor() as cursor:
                 cursor.execute(select, [resource])
                 row = cursor.fetchone()
         except DatabaseError as exc:
             _unavailable(exc, "reading the mark")
-        return None if row is None else int(row[0])
+        return None if row is None else Mark(resource, int(row[0]), row[1])
+
+    def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
+        """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
+
+        For ``celery-fencing rebase`` and ``repair`` only: it bypasses the
+        ordering, in one conditional statement (an ``UPDATE`` matching the
+        expected value and grantor, or an ``INSERT`` when there was no mark),
+        in an atomic block of its own (or the caller's). The token is not
+        verified. With a mark model without ``grantor`` only the value is reset.
+
+        :raises StaleTokenError: the mark is no longer *expected* (nothing changed).
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        checked = resolve_token(token)
+        sql = self._statements()
+        new: list[Any] = [checked.value, checked.grantor] if self._with_grantor else [checked.value]
+        try:
+            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+                if expected is None:
+                    cursor.execute(sql.insert_if_absent, self._mark_params(checked))
+                elif expected.grantor is None or not self._with_grantor:
+                    cursor.execute(sql.reset_null_grantor, [*new, checked.resource, expected.value])
+                else:
+                    cursor.execute(sql.reset, [*new, checked.resource, expected.value, expected.grantor])
+                if cursor.rowcount == 1:
+                    return
+                cursor.execute(sql.select, [checked.resource])
+                row = cursor.fetchone()
+        except DatabaseError as exc:
+            _unavailable(exc, "resetting the mark")
+        current = None if row is None else Mark(checked.resource, int(row[0]), row[1])
+        raise StaleTokenError(
+            f"the mark of {checked.resource!r} changed since it was read ({expected} -> {current}); nothing was reset",
+            resource=checked.resource,
+            token=checked.value,
+            high_water=None if current is None else current.value,
+        )
 
     # Transaction mode ---------------------------------------------------------
 
@@ -171,6 +287,7 @@ class DjangoGate:
         The token is checked when this method is called, before any I/O.
 
         :raises StaleTokenError: on entering, for a token below the mark (rolled back).
+        :raises GrantorMismatchError: on entering, for a token of another grantor (rolled back).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be
             reached, on entering or at COMMIT.
@@ -198,11 +315,13 @@ class DjangoGate:
         """Advance the mark inside an ``atomic()`` block the caller already holds on the gate's database.
 
         Call it first in the block, before the writes it protects. On
-        ``StaleTokenError`` the innermost block is marked for rollback (Django
-        rolls it back when it ends, even if the error is caught inside it,
-        and refuses further queries in it): stale writes can never commit.
+        ``StaleTokenError`` (or ``GrantorMismatchError``) the innermost block is
+        marked for rollback (Django rolls it back when it ends, even if the
+        error is caught inside it, and refuses further queries in it): stale
+        writes can never commit.
 
         :raises StaleTokenError: the token is below the mark.
+        :raises GrantorMismatchError: the mark belongs to another grantor.
         :raises InvalidTokenError: bad token, before any I/O.
         :raises FencingConfigurationError: not inside ``transaction.atomic(using=...)``:
             in autocommit the mark would be committed apart from the data.
@@ -218,19 +337,21 @@ class DjangoGate:
         self._advance(connection, checked)
 
     def _advance(self, connection: Any, token: FencingToken) -> None:
-        upsert, select = self._statements()
+        sql = self._statements()
         try:
             with connection.cursor() as cursor:
-                cursor.execute(upsert, [token.resource, token.value])
+                cursor.execute(sql.upsert, self._mark_params(token))
                 if cursor.rowcount != 0:
                     return
                 # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT locks
                 # the conflicting row even when WHERE fails): this reads the refusing mark.
-                cursor.execute(select, [token.resource])
+                cursor.execute(sql.select, [token.resource])
                 row = cursor.fetchone()
         except DatabaseError as exc:
             _unavailable(exc, "advancing the mark")
         transaction.set_rollback(True, using=self.using)
+        if row is not None:
+            check_grantor(token, row[1])  # another grantor's mark is the news, whatever the values
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=None if row is None else row[0])
 
     def __repr__(self) -> str:
@@ -243,6 +364,7 @@ def fenced_update(
     *,
     fence_field: str = "fence",
     resource_field: str | None = None,
+    grantor_field: str | None = None,
     **values: Any,
 ) -> int:
     """``queryset.update(**values, fence=t)`` where the fence allows it: one conditional UPDATE.
@@ -256,6 +378,14 @@ def fenced_update(
     expressions, so ``balance=F("balance") + 10`` is a fenced deposit in one
     statement.
 
+    With *grantor_field* (a nullable ``CharField``), the row's fence belongs to
+    a grantor, checked and set in the same UPDATE (``AND (<grantor_field> IS
+    NULL OR <grantor_field> = :grantor)``, ``SET <grantor_field> = :grantor``): a
+    token of another grantor raises :class:`~celery_fencing.GrantorMismatchError`
+    and changes nothing, and a row whose grantor is NULL takes the token's. A
+    token without a grantor is checked by its value only and leaves the field
+    as it is.
+
     The queryset should select one row (its primary key): each matched row is
     fenced by its own column. To claim a row before reading it, call this with
     no *values*: it raises the fence alone. Column mode does not consult the
@@ -266,34 +396,38 @@ def fenced_update(
     :raises StaleTokenError: a matching row's fence is above the token
         (``high_water`` is that fence; nothing changed).
     :raises ResourceMismatchError: a matching row belongs to another resource.
+    :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
     :raises InvalidTokenError: bad token, before any I/O.
-    :raises FencingConfigurationError: no such field, or *values* sets the fence.
+    :raises FencingConfigurationError: no such field, or *values* sets the fence or grantor field.
     :raises GateUnavailableError: the connection failed; other database errors
         (your constraints) propagate unchanged.
     """
     checked = resolve_token(token)
-    if fence_field in values:
-        raise FencingConfigurationError(f"values must not set the fence field {fence_field!r}: the gate sets it")
+    for name in (fence_field, grantor_field):
+        if name is not None and name in values:
+            raise FencingConfigurationError(f"values must not set the field {name!r}: the gate sets it")
     meta = queryset.model._meta
-    for name in (fence_field, resource_field):
-        if name is not None:
-            try:
-                meta.get_field(name)
-            except FieldDoesNotExist:
-                raise FencingConfigurationError(f"model {meta.label} has no field {name!r}") from None
+    for name in (fence_field, resource_field, grantor_field):
+        if name is not None and not _has_field(queryset.model, name):
+            raise FencingConfigurationError(f"model {meta.label} has no field {name!r}")
     condition = Q(**{f"{fence_field}__isnull": True}) | Q(**{f"{fence_field}__lte": checked.value})
     if resource_field is not None:
         condition &= Q(**{resource_field: checked.resource})
+    assignments = {**values, fence_field: checked.value}
+    if grantor_field is not None and checked.grantor is not None:
+        # Only with a grantor: a token without one is checked by value, as before grantor ids.
+        condition &= Q(**{f"{grantor_field}__isnull": True}) | Q(**{grantor_field: checked.grantor})
+        assignments[grantor_field] = checked.grantor
     try:
-        count: int = queryset.filter(condition).update(**values, **{fence_field: checked.value})
+        count: int = queryset.filter(condition).update(**assignments)
         if count:
             return count
-        # Nothing updated: tell "no such row" from "stale" and "another resource's row".
-        # In a block, FOR UPDATE reads the latest committed row rather than a snapshot.
+        # Nothing updated: tell "no such row" from "stale", "another resource's row" and
+        # "another grantor's fence". In a block, FOR UPDATE reads the latest committed row
+        # rather than a snapshot.
         connection = connections[queryset.db]
         probe = queryset.select_for_update() if connection.in_atomic_block else queryset
-        fields = [fence_field] if resource_field is None else [fence_field, resource_field]
-        rows = list(probe.values_list(*fields))
+        rows = list(probe.values_list(fence_field, resource_field or fence_field, grantor_field or fence_field))
     except _UNAVAILABLE as exc:
         _unavailable(exc, "fenced update")
     if resource_field is not None:
@@ -304,10 +438,21 @@ def fenced_update(
                     token_resource=checked.resource,
                     expected_resource=row[1],
                 )
+    if grantor_field is not None:
+        for row in rows:
+            check_grantor(checked, row[2])
     fences = [row[0] for row in rows if row[0] is not None and row[0] > checked.value]
     if fences:
         raise StaleTokenError(resource=checked.resource, token=checked.value, high_water=max(fences))
     return 0
+
+
+def _has_field(model: Any, name: str) -> bool:
+    try:
+        model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return False
+    return True
 
 
 def _unavailable(exc: Exception, doing: str) -> NoReturn:

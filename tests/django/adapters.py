@@ -31,6 +31,18 @@ def setup_django() -> None:
         django.setup()
 
 
+def sqlalchemy_engine(alias: str) -> Any:
+    """A SQLAlchemy engine on the PostgreSQL database (and schema) of a Django alias, for SQLGate beside DjangoGate."""
+    import sqlalchemy as sa
+    from django.db import connections
+
+    settings = connections[alias].settings_dict
+    return sa.create_engine(
+        f"postgresql+psycopg://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}",
+        connect_args={"options": settings["OPTIONS"]["options"], "connect_timeout": 5},
+    )
+
+
 class DjangoAdapter(GateAdapter):
     """Transaction mode for writes, with column mode binding each data row to its resource (as SQLAdapter)."""
 

@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-import sqlalchemy as sa
 from django.core.management import call_command
 from django.db import connections, transaction
 from django.db.models import F
@@ -27,7 +26,7 @@ from celery_fencing.gates.django import DjangoGate, fenced_update
 from tests.celery.workers import wait_for
 from tests.gates.adapters import AdapterSpec
 
-from .adapters import ALIASES, DjangoAdapter
+from .adapters import ALIASES, DjangoAdapter, sqlalchemy_engine
 
 T = FencingToken
 
@@ -236,11 +235,7 @@ def test_migration_matches_the_model(django_project: None) -> None:
 def test_sqlgate_shares_the_mark_table(pg: DjangoAdapter) -> None:
     """SQLGate on the same PostgreSQL schema reads and refuses by the marks DjangoGate wrote: one table, one mark."""
     pg.gate.claim(T("acct", 40))
-    settings = connections[pg.alias].settings_dict
-    engine = sa.create_engine(
-        f"postgresql+psycopg://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}",
-        connect_args={"options": settings["OPTIONS"]["options"], "connect_timeout": 5},
-    )
+    engine = sqlalchemy_engine(pg.alias)
     try:
         sql_gate = SQLGate(engine)
         assert sql_gate.high_water("acct") == 40

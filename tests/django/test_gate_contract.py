@@ -1,4 +1,5 @@
-"""The gate contract suite (tests/gates/test_gate_contract.py), run against DjangoGate on PostgreSQL and SQLite.
+"""The gate contract suites (tests/gates/test_gate_contract.py and test_grantor_contract.py), run against
+DjangoGate on PostgreSQL and SQLite.
 
 The tests are the same functions; only the ``adapter`` fixture (conftest.py
 here) differs. The cross-process test needs Django set up in each child, so it
@@ -26,6 +27,13 @@ from tests.gates.test_gate_contract import (
     test_resources_are_independent,
     test_token_of_another_resource_cannot_write_bound_data,
 )
+from tests.gates.test_grantor_contract import (
+    test_mark_without_grantor_adopts_the_first_grantor,
+    test_reset_mark_is_a_compare_and_set,
+    test_reset_mark_moves_a_resource_to_a_new_grantor,
+    test_token_of_another_grantor_is_refused_and_changes_nothing,
+    test_wiped_grantor_token_reports_the_mismatch_not_staleness,
+)
 
 from .adapters import DjangoAdapter, child_append
 
@@ -39,10 +47,15 @@ __all__ = [
     "test_failed_write_changes_neither_data_nor_mark",
     "test_higher_token_advances_the_mark",
     "test_lower_token_is_rejected_with_its_fields",
+    "test_mark_without_grantor_adopts_the_first_grantor",
     "test_paused_writer_is_fenced_out",
     "test_rejected_write_changes_neither_data_nor_mark",
+    "test_reset_mark_is_a_compare_and_set",
+    "test_reset_mark_moves_a_resource_to_a_new_grantor",
     "test_resources_are_independent",
+    "test_token_of_another_grantor_is_refused_and_changes_nothing",
     "test_token_of_another_resource_cannot_write_bound_data",
+    "test_wiped_grantor_token_reports_the_mismatch_not_staleness",
 ]
 
 

@@ -4,6 +4,9 @@ It has the same name, columns and constraint as :class:`~celery_fencing.SQLGate`
 table (``fencing_high_water``), so Django code and SQLAlchemy code fencing the
 same database share one set of marks. If ``SQLGate.create_schema()`` already
 made the table, adopt it with ``manage.py migrate celery_fencing --fake-initial``.
+
+``grantor`` (migration 0002) is the id of the grantor the mark belongs to,
+NULL until a token with a grantor passes the mark.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import django
 from django.db import models
 
-from ...token import MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
+from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
 
 __all__ = ["HighWaterMark", "token_range_constraint"]
 
@@ -27,10 +30,11 @@ def token_range_constraint(name: str) -> Any:
 
 
 class HighWaterMark(models.Model):  # type: ignore[misc]
-    """The highest token accepted for ``resource``. Written only through :class:`DjangoGate`."""
+    """The highest token accepted for ``resource``, and its grantor. Written only through :class:`DjangoGate`."""
 
     resource = models.CharField(max_length=MAX_RESOURCE_LENGTH, primary_key=True)
     token = models.BigIntegerField()
+    grantor = models.CharField(max_length=MAX_GRANTOR_LENGTH, null=True)
 
     class Meta:
         db_table = "fencing_high_water"
@@ -38,4 +42,4 @@ class HighWaterMark(models.Model):  # type: ignore[misc]
         verbose_name = "fencing high-water mark"
 
     def __str__(self) -> str:
-        return f"{self.resource}: {self.token}"
+        return f"{self.resource}: {self.token}" + ("" if self.grantor is None else f" ({self.grantor})")
