@@ -36,6 +36,7 @@ from celery import states
 from celery.backends.redis import RedisBackend
 
 from ..exceptions import GrantorMismatchError, StaleTokenError
+from ..gates.redis import ScriptCall
 from ..token import FencingToken, fixed_width
 from . import signals
 
@@ -151,8 +152,37 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
         _, claim = self._registered()
-        args = [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
-        reply = self.ensure(claim, ([self.get_key_for_fence(task_id)], args))
+        reply = self.ensure(claim, ([self.get_key_for_fence(task_id)], self._claim_args(token)))
+        self._check_claim(reply, task_id, token)
+
+    def claim_result_call(self, task_id: str, token: FencingToken) -> ScriptCall:
+        """:meth:`claim_result`, prepared to share a round trip with a gate's claim on the same Redis.
+
+        A fenced task sends it with its gates' claims (:func:`~celery_fencing.gates.redis.run_script_calls`);
+        when the batch gives no usable reply, :meth:`claim_result` runs instead, with Celery's retries.
+        """
+        _, claim = self._registered()
+
+        def check(reply: Any) -> None:
+            if isinstance(reply, Exception):
+                # A command error the unbatched call would have raised: let it raise it.
+                self.claim_result(task_id, token)
+            else:
+                self._check_claim(reply, task_id, token)
+
+        return ScriptCall(
+            self.client,
+            claim,
+            [self.get_key_for_fence(task_id)],
+            self._claim_args(token),
+            check,
+            lambda: self.claim_result(task_id, token),
+        )
+
+    def _claim_args(self, token: FencingToken) -> list[Any]:
+        return [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
+
+    def _check_claim(self, reply: Any, task_id: str, token: FencingToken) -> None:
         if int(reply[0]) != 1:
             if len(reply) > 3:
                 raise GrantorMismatchError(

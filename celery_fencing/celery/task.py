@@ -251,11 +251,7 @@ class FencedTask(Task):  # type: ignore[misc]
         )
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
-            for gate in runtime.gates(self):
-                gate.claim(token)
-            claim_result = getattr(self.backend, "claim_result", None)
-            if claim_result is not None and not request.ignore_result:
-                claim_result(request.id, token)
+            self._claim(runtime, token, request)
         except _FENCED_OUT as exc:
             self._end(execution, keep_lease=False)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
@@ -269,6 +265,35 @@ class FencedTask(Task):  # type: ignore[misc]
             self._end(execution, keep_lease=False)
             raise
         return execution
+
+    def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any) -> None:
+        """Claim *token* on every gate and on the task's result before the body runs.
+
+        Claims that are Lua scripts on one Redis server (a RedisGate and the
+        fenced result backend, typically) go in one round trip; the others run
+        one by one. Every claim still runs; the first refusal is raised.
+        """
+        batched: list[Any] = []
+        for gate in runtime.gates(self):
+            prepare = getattr(gate, "claim_call", None)
+            if prepare is None:
+                gate.claim(token)
+            else:
+                batched.append(prepare(token))
+        if not request.ignore_result:
+            prepare_result = getattr(self.backend, "claim_result_call", None)
+            if prepare_result is not None:
+                batched.append(prepare_result(request.id, token))
+            else:
+                claim_result = getattr(self.backend, "claim_result", None)
+                if claim_result is not None:
+                    claim_result(request.id, token)
+        if len(batched) == 1:
+            batched[0].fallback()
+        elif batched:
+            from ..gates.redis import run_script_calls
+
+            run_script_calls(batched)
 
     def _take_lease(
         self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings

@@ -62,11 +62,14 @@ thread-safe and reconnect after ``fork()``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..context import resolve_token
 from ..exceptions import (
@@ -89,11 +92,13 @@ __all__ = [
     "RESET_SCRIPT",
     "SET_SCRIPT",
     "RedisGate",
+    "ScriptCall",
     "decode_mark",
     "encode_mark",
     "grantor_key",
     "mark_key",
     "owner_key",
+    "run_script_calls",
 ]
 
 #: Width of a stored mark: 2**63 - 1 has 19 digits, so 20 leaves room and every
@@ -382,6 +387,23 @@ class RedisGate:
             self._claim_script, checked, self._fence_keys(checked), [encode_mark(checked.value), _grantor_arg(checked)]
         )
 
+    def claim_call(self, token: FencingToken | None = None) -> ScriptCall:
+        """:meth:`claim`, prepared to be sent in one round trip with other calls (:func:`run_script_calls`).
+
+        The token is resolved, validated and verified here, before any I/O.
+        """
+        checked = self._checked(token)
+        keys = self._fence_keys(checked)
+        args = [encode_mark(checked.value), _grantor_arg(checked)]
+
+        def check(reply: Any) -> None:
+            if isinstance(reply, ResponseError) and str(reply).startswith("FENCED "):
+                _raise_fenced(str(reply), checked)
+            if isinstance(reply, RedisError):
+                _unavailable(reply)
+
+        return ScriptCall(self.client, self._claim_script, keys, args, check, lambda: self.claim(checked))
+
     def high_water(self, resource: str) -> int | None:
         """Return the resource's mark, or ``None`` if it was never claimed or written.
 
@@ -557,6 +579,71 @@ class RedisGate:
 
     def __repr__(self) -> str:
         return f"RedisGate({self.client!r}, prefix={self.prefix!r})"
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One Lua script call, prepared so that calls bound for one Redis server share a round trip.
+
+    ``check`` interprets the call's reply (or the error object a pipeline
+    returns in its place) and raises what the unbatched call would raise;
+    ``fallback`` is the unbatched call itself, used when the batch gave no
+    usable reply (the server lost its script cache, the connection failed).
+    """
+
+    client: Any
+    script: Any
+    keys: list[str]
+    args: list[Any]
+    check: Callable[[Any], None]
+    fallback: Callable[[], None]
+
+
+def run_script_calls(calls: Sequence[ScriptCall]) -> None:
+    """Run *calls*, those bound for the same Redis server pipelined in one round trip.
+
+    Each script stays atomic on its own; the calls are not one transaction
+    (every claim is independent, and a claim that lands while another is
+    refused only raises a mark to a token that was minted, which is harmless).
+    Replies are checked in the order of *calls*, and the first error is raised.
+    """
+    groups: dict[object, list[int]] = {}
+    for index, call in enumerate(calls):
+        groups.setdefault(_server_of(call.client, index), []).append(index)
+    replies: list[Any] = [_UNSENT] * len(calls)
+    for indexes in groups.values():
+        if len(indexes) < 2:
+            continue
+        pipe = calls[indexes[0]].client.pipeline(transaction=False)
+        for index in indexes:
+            call = calls[index]
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        try:
+            for index, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
+                replies[index] = reply
+        except (RedisError, ValueError, TypeError):
+            pass  # nothing usable came back: each call runs on its own below, with its own error mapping
+    for call, reply in zip(calls, replies, strict=True):
+        if reply is _UNSENT or isinstance(reply, (NoScriptError, RedisConnectionError, RedisTimeoutError)):
+            call.fallback()
+        else:
+            call.check(reply)
+
+
+_UNSENT = object()
+
+
+def _server_of(client: Any, index: int) -> object:
+    """What identifies the server and database a client talks to; unique (no batching) when unknown."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if type(client).__name__ not in ("Redis", "StrictRedis") or not isinstance(kwargs, dict):
+        return ("alone", index)
+    where = kwargs.get("path") or (kwargs.get("host"), kwargs.get("port"))
+    if not where or where == (None, None):
+        return ("alone", index)
+    credentials = (kwargs.get("username"), kwargs.get("password"), kwargs.get("decode_responses"))
+    return (type(pool), getattr(pool, "connection_class", None), where, kwargs.get("db", 0), credentials)
 
 
 def _raise_fenced(message: str, token: FencingToken) -> NoReturn:

@@ -102,6 +102,18 @@ def pooled_worker(
 
 
 @pytest.fixture
+def app(redis_url: str, unique_name: str) -> Iterator[Celery]:
+    """A Celery app with the fenced+redis:// backend, its keys under this test's prefix (removed after)."""
+    app = Celery("fenced-backend-test", backend="fenced+" + redis_url, set_as_current=False)
+    app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
+    yield app
+    keys = list(app.backend.client.scan_iter(f"{unique_name}:*"))
+    if keys:
+        app.backend.client.delete(*keys)
+    app.close()
+
+
+@pytest.fixture
 def scenario(redis_url: str, tmp_path: Path, unique_name: str) -> Iterator[Scenario]:
     world = Scenario(unique_name, redis_url, tmp_path)
     yield world

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,17 +12,6 @@ from celery.app.task import Context
 from celery_fencing import FencingToken, StaleTokenError
 from celery_fencing.celery import signals
 from celery_fencing.celery.backend import FencedRedisBackend
-
-
-@pytest.fixture
-def app(redis_url: str, unique_name: str) -> Iterator[Celery]:
-    app = Celery("backend-test", backend="fenced+" + redis_url, set_as_current=False)
-    app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
-    yield app
-    keys = list(app.backend.client.scan_iter(f"{unique_name}:*"))
-    if keys:
-        app.backend.client.delete(*keys)
-    app.close()
 
 
 def request_with(token: FencingToken | None) -> Context:

@@ -3,7 +3,6 @@ its result write is dropped (never raised), against the real Redis."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,17 +11,6 @@ from celery.app.task import Context
 
 from celery_fencing import FencingToken, GrantorMismatchError
 from celery_fencing.celery import signals
-
-
-@pytest.fixture
-def app(redis_url: str, unique_name: str) -> Iterator[Celery]:
-    app = Celery("backend-grantor-test", backend="fenced+" + redis_url, set_as_current=False)
-    app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
-    yield app
-    keys = list(app.backend.client.scan_iter(f"{unique_name}:*"))
-    if keys:
-        app.backend.client.delete(*keys)
-    app.close()
 
 
 def _request(token: FencingToken) -> Context:

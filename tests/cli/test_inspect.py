@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import create_engine, text
 
 from celery_fencing import FencingToken, RedisGate, SQLiteTokenSource
@@ -26,16 +25,6 @@ def inspect(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["inspect", *args], out=out, err=err)
     return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture
-def redis_gate(redis_url: str, unique_name: str) -> Iterator[RedisGate]:
-    client = redis.Redis.from_url(redis_url)
-    yield RedisGate(client, prefix=unique_name)
-    keys = list(client.scan_iter(f"{unique_name}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 @pytest.fixture
