@@ -41,6 +41,12 @@ class HeldLease:
     taken_at: float
     #: Until when (time.monotonic) the lease may be kept for the next task of its resource.
     keep_until: float
+    #: When it was last put back between tasks (time.monotonic); 0.0 while a task holds it.
+    idle_since: float = 0.0
+    #: Whether someone else queues for the lock (see ``Lease.on_contended``).
+    contended: bool = False
+    #: Whether the runtime asked the lease to report contention (once per lease).
+    watching: bool = False
 
     def release(self) -> None:
         """Leave the lease's context: its lock node is deleted. Never raises."""
@@ -246,11 +252,23 @@ class FencingRuntime:
             if resource in self._kept or self._lease_waiters.get(resource):
                 return False
             self._kept[resource] = held
+            held.idle_since = time.monotonic()
+            watch, held.watching = not held.watching, True
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="fencing-lease-reaper", daemon=True)
                 self._reaper.start()
             self._reaper_wake.notify()
+        on_contended = getattr(held.lease, "on_contended", None) if watch else None
+        if on_contended is not None:
+            on_contended(lambda _lease: self._contended(held))
         return True
+
+    def _contended(self, held: HeldLease) -> None:
+        # Another process or worker queued for the lock: the reaper hands a kept
+        # lease over once it has been idle for CONTENDED_IDLE, not at keep_until.
+        with self._lock:
+            held.contended = True
+            self._reaper_wake.notify()
 
     def release_kept_leases(self) -> None:
         """Release every kept lease now (worker shutdown, closing the runtime)."""
@@ -270,10 +288,10 @@ class FencingRuntime:
                 if self._pid != pid:
                     return
                 now = time.monotonic()
-                expired = [resource for resource, held in self._kept.items() if held.keep_until <= now]
+                expired = [resource for resource, held in self._kept.items() if _release_at(held) <= now]
                 due = [self._kept.pop(resource) for resource in expired]
                 if not due:
-                    wake_at = min((held.keep_until for held in self._kept.values()), default=None)
+                    wake_at = min((_release_at(held) for held in self._kept.values()), default=None)
                     self._reaper_wake.wait(None if wake_at is None else max(0.001, wake_at - now))
                     continue
             for held in due:
@@ -307,6 +325,20 @@ class FencingRuntime:
                 source.close()
             except Exception:  # closing must not mask a shutdown in progress
                 logger.exception("closing the fencing token source failed")
+
+
+#: Seconds a kept lease that someone else queues for may stay idle before it is
+#: handed over. Long enough to span the gap between two tasks of a busy pool
+#: process (so a hot resource is not passed back and forth on every task), short
+#: enough that a waiter is not held up by an idle process for the reuse window.
+CONTENDED_IDLE = 0.05
+
+
+def _release_at(held: HeldLease) -> float:
+    """When the reaper releases a kept lease: at the end of its reuse window, or sooner when contended."""
+    if held.contended:
+        return min(held.keep_until, held.idle_since + CONTENDED_IDLE)
+    return held.keep_until
 
 
 def task_option(task: Any, name: str) -> Any:

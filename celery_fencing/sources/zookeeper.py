@@ -442,6 +442,9 @@ class Lease:
         self._recorded = False
         # The grantor id of the session that created the lock node.
         self._grantor = ""
+        self._contended = threading.Event()
+        self._contended_callbacks: list[Callable[[Lease], object]] = []
+        self._watching_queue = False
 
     @property
     def token(self) -> FencingToken:
@@ -476,6 +479,37 @@ class Lease:
                 return
         self._run_callbacks([callback])
 
+    @property
+    def contended(self) -> bool:
+        """Whether another holder (a process, a worker) has queued for this lease's lock since it was granted.
+
+        Known only once :meth:`on_contended` asked ZooKeeper to watch the queue.
+        """
+        return self._contended.is_set()
+
+    def on_contended(self, callback: Callable[[Lease], object]) -> None:
+        """Call ``callback(lease)`` once when another holder queues for the lock (at once if one already waits).
+
+        The first call sets a watch on the lock's queue (one ``getChildren``,
+        sent asynchronously: this never blocks). The callback runs in a thread
+        of its own; callbacks are dropped when the lease is released or lost.
+        A lease reused between tasks uses it to hand the lock over as soon as
+        it is idle and wanted, rather than when its reuse window ends.
+        """
+        watch = run_now = False
+        with self._lock:
+            if self._released or self._lost.is_set():
+                return
+            if self._contended.is_set():
+                run_now = True
+            else:
+                self._contended_callbacks.append(callback)
+                watch, self._watching_queue = not self._watching_queue, True
+        if run_now:
+            self._run_callbacks([callback], "contended")
+        elif watch:
+            self._source._watch_queue(self)
+
     def check(self) -> None:
         """Return if the lease is still held, else raise.
 
@@ -508,6 +542,7 @@ class Lease:
             self._lost_reason = reason
             self._lost.set()
             callbacks, self._callbacks = self._callbacks, []
+            self._contended_callbacks = []
         log.warning("fencing lease on %r lost: %s", self.resource, reason)
         if notify and callbacks:
             self._run_callbacks(callbacks)
@@ -516,6 +551,16 @@ class Lease:
         with self._lock:
             self._released = True
             self._callbacks = []
+            self._contended_callbacks = []
+
+    def _mark_contended(self) -> None:
+        with self._lock:
+            if self._contended.is_set() or self._released or self._lost.is_set():
+                return
+            self._contended.set()
+            callbacks, self._contended_callbacks = self._contended_callbacks, []
+        if callbacks:
+            self._run_callbacks(callbacks, "contended")
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -524,15 +569,15 @@ class Lease:
         self._lost_reason = self._lost_reason or "the process forked"
         self._lost.set()
 
-    def _run_callbacks(self, callbacks: list[Callable[[Lease], object]]) -> None:
+    def _run_callbacks(self, callbacks: list[Callable[[Lease], object]], what: str = "lost") -> None:
         def run() -> None:
             for callback in callbacks:
                 try:
                     callback(self)
                 except Exception:
-                    log.exception("fencing lease on_lost callback %r failed", callback)
+                    log.exception("fencing lease on_%s callback %r failed", what, callback)
 
-        threading.Thread(target=run, name=f"fencing-lease-lost:{self.resource}", daemon=True).start()
+        threading.Thread(target=run, name=f"fencing-lease-{what}:{self.resource}", daemon=True).start()
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
@@ -1613,6 +1658,40 @@ class ZooKeeperTokenSource:
                 continue
             raise TokenUnavailableError(f"unexpected multi-op result from ZooKeeper: {results!r}", resource=resource)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _watch_queue(self, lease: Lease) -> None:
+        """Watch the lease's lock queue until a node queues behind it; then mark the lease contended.
+
+        Everything runs on kazoo's callbacks, never blocking them: a failed
+        request just ends the watch (a lease in trouble is marked lost by the
+        session and lock-node handling, and an unwatched lease is only kept
+        until its reuse window ends, as before).
+        """
+        client = self._client
+        lock_dir, own = lease.lock_path.rsplit("/", 1)
+        own_sequence = _lease_sequence(own)
+        if client is None or own_sequence is None:
+            return
+
+        def on_children(async_result: Any) -> None:
+            try:
+                children = async_result.get_nowait()
+            except Exception:
+                return
+            if any((sequence := _lease_sequence(name)) is not None and sequence > own_sequence for name in children):
+                lease._mark_contended()
+
+        def on_event(_event: Any) -> None:
+            if not (lease.contended or lease.lost or lease._released):
+                request()
+
+        def request() -> None:
+            try:
+                client.get_children_async(lock_dir, watch=on_event).rawlink(on_children)
+            except Exception:
+                log.debug("cannot watch the lock queue of %r", lease.resource, exc_info=True)
+
+        request()
 
     def _on_lock_node_event(self, client: Any, lease: Lease, event: Any) -> None:
         # Runs on kazoo's callback thread: no blocking, at most an async re-arm.

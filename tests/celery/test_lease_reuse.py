@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from celery_fencing import FencingConfigurationError
+from celery_fencing import FencingConfigurationError, TokenUnavailableError
 from celery_fencing.celery.runtime import FencingRuntime, HeldLease
 from celery_fencing.celery.settings import read_settings
 from celery_fencing.sources.zookeeper import ZooKeeperTokenSource
@@ -116,6 +116,44 @@ def test_an_expired_kept_lease_is_released_while_idle(source: ZooKeeperTokenSour
         assert successor.token.value > held.lease.token.value
     assert runtime.take_lease("r") is None
     runtime.close()
+
+
+def test_a_kept_lease_is_handed_over_once_another_holder_queues(
+    source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, unique_name: str
+) -> None:
+    """An idle kept lease goes to a holder that queues for it (another process, another worker) within
+    moments, not at the end of its reuse window: the waiter's 5 s timeout is far below the 60 s window,
+    so without the hand-over it would time out."""
+    runtime = FencingRuntime(Celery("reuse-contended"))
+    held = _held(source, "r", keep_for=60)
+    assert runtime.keep_lease("r", held)
+    other = ZooKeeperTokenSource(zookeeper_server.hosts, root=f"/{unique_name}", timeout=5)
+    with other, other.lease("r", timeout=5) as successor:
+        assert successor.token.value > held.lease.token.value
+    assert held.contended
+    assert runtime.take_lease("r") is None
+    runtime.close()
+
+
+def test_a_lease_reports_contention_once_someone_queues(
+    source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, unique_name: str
+) -> None:
+    """Lease.on_contended: silent while nobody waits, called when a second holder queues, and called
+    at once for a callback registered after that."""
+    heard: list[str] = []
+    with source.lease("c", timeout=5) as lease:
+        lease.on_contended(lambda _lease: heard.append("first"))
+        with source.lease("c-other", timeout=5):
+            pass  # another resource's queue is not this lease's
+        assert not lease.contended and heard == []
+        with ZooKeeperTokenSource(zookeeper_server.hosts, root=f"/{unique_name}", timeout=5) as other:
+            waiting = other.lease("c", timeout=0.5)
+            with pytest.raises(TokenUnavailableError):
+                waiting.__enter__()  # queues, then times out: the holder keeps the lease
+        wait_for(lambda: heard == ["first"], 10, "the contention callback")
+        assert lease.contended
+        lease.on_contended(lambda _lease: heard.append("late"))
+        wait_for(lambda: heard == ["first", "late"], 10, "the late callback")
 
 
 def test_a_lease_is_kept_at_most_once_per_resource_and_is_released_on_close(source: ZooKeeperTokenSource) -> None:
