@@ -10,7 +10,8 @@ Sections (in this order):
                   SQLite source vs a plain UPDATE (benchmarks/minting.py)
 ``celery``        end to end, 2,000 tasks per run: plain, celery-singleton, fenced
                   (ZooKeeper and SQLite), exclusive on a hot resource with and
-                  without lease reuse; worker RSS and CPU per task (benchmarks/celery_e2e.py)
+                  without lease reuse, and two floors (plain + one ZooKeeper write,
+                  plain one at a time); worker RSS and CPU per task (benchmarks/celery_e2e.py)
 ``scale``         mint latency and ZooKeeper memory at 1, 1k and 100k resources; pruning
                   (benchmarks/scale.py)
 ``mint-latency``  median and p90 latency of each source (benchmarks/mint.py)

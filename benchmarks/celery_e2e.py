@@ -12,7 +12,10 @@ returns a result) and waits until every result is stored; tasks/s is *tasks*
 over the time from the first send to the last result. Each round runs every
 variant once, the order rotating from round to round; the table shows the
 median of the rounds and the ratios to plain. The fenced variants mint from a
-throwaway ZooKeeper (fsync on) or a SQLite file.
+throwaway ZooKeeper (fsync on) or a SQLite file. Two floor variants measure
+what any design with the same guarantee pays at least: ``floor-zk-write``
+(the plain task plus one raw ZooKeeper write) and ``floor-serial`` (the plain
+task at concurrency 1, one execution at a time).
 
 After the rounds it prints the peak RSS (VmHWM) of every worker's pool
 processes, and the overhead of fencing per worker process against plain.
