@@ -61,6 +61,8 @@ _KEY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 _MAC = re.compile(r"[0-9a-f]{64}")
 _HEADER_MAX_LENGTH = 3 + MAX_GRANTOR_LENGTH + 1 + 19 + 1 + 32 + 1 + 64 + 1 + MAX_RESOURCE_LENGTH * 4
 _DIGITS = re.compile(r"[1-9][0-9]{0,18}")
+# C0 controls, DEL and C1 controls, and lone surrogates (not encodable as UTF-8).
+_FORBIDDEN_IN_RESOURCE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def validate_token_value(value: object) -> int:
@@ -96,12 +98,15 @@ def validate_resource(resource: object) -> str:
         raise InvalidTokenError("resource must not be empty")
     if len(resource) > MAX_RESOURCE_LENGTH:
         raise InvalidTokenError(f"resource is {len(resource)} characters long; the limit is {MAX_RESOURCE_LENGTH}")
-    for char in resource:
-        code = ord(char)
-        if code < 0x20 or 0x7F <= code < 0xA0:
-            raise InvalidTokenError(f"resource {resource!r} contains the control character {char!r}")
-        if 0xD800 <= code < 0xE000:
-            raise InvalidTokenError(f"resource {resource!r} contains a lone surrogate")
+    # One regex scan (every task validates its resource a few times: a loop over
+    # the characters cost 20 us per task for a task id); the loop only names the culprit.
+    if _FORBIDDEN_IN_RESOURCE.search(resource):
+        for char in resource:
+            code = ord(char)
+            if code < 0x20 or 0x7F <= code < 0xA0:
+                raise InvalidTokenError(f"resource {resource!r} contains the control character {char!r}")
+            if 0xD800 <= code < 0xE000:
+                raise InvalidTokenError(f"resource {resource!r} contains a lone surrogate")
     return resource
 
 

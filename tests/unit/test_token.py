@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from celery_fencing import MAX_TOKEN_VALUE, FencingToken, InvalidTokenError, ResourceMismatchError
+from celery_fencing.token import validate_resource
 
 BAD_VALUES = [None, True, False, 1.0, 34.5, "35", b"35", 0, -1, 2**63, 2**64, [1], object()]
 
@@ -25,6 +26,20 @@ def test_bad_resources_are_refused(resource: object) -> None:
     """A resource is a non-empty, bounded str without control characters."""
     with pytest.raises(InvalidTokenError):
         FencingToken(resource, 1)  # type: ignore[arg-type]
+
+
+def test_refused_characters_are_exactly_the_controls_and_surrogates() -> None:
+    """C0 and C1 controls, DEL and lone surrogates are refused anywhere in a resource; every other
+    character is accepted (all code points up to U+2FFF, the surrogate block's edges, a sample above)."""
+    codes = [*range(0x3000), *range(0xD700, 0xE100), *range(0xE100, 0x110000, 97)]
+    for code in codes:
+        refused = code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000
+        resource = f"acct:{chr(code)}:1"
+        if refused:
+            with pytest.raises(InvalidTokenError):
+                validate_resource(resource)
+        else:
+            assert validate_resource(resource) == resource
 
 
 def test_extreme_values_are_accepted() -> None:
