@@ -144,9 +144,10 @@ class TokenSigner:
 class SigningTokenSource:
     """A token source whose tokens come signed: for the service that mints for others.
 
-    ``mint`` and ``mint_many`` sign what *source* mints; everything else
-    (``close``, ``grantor_id``, ``ceiling``) is passed through. Exclusive
-    leases are not signed: use them where the minter is also the writer.
+    ``mint``, ``mint_transient`` and ``mint_many`` sign what *source* mints;
+    ``close``, ``grantor_id``, ``ceiling`` and the like are passed through.
+    Exclusive leases are not offered (their tokens would go out unsigned): use
+    them where the minter is also the writer.
     """
 
     def __init__(self, source: TokenSource, signer: TokenSigner) -> None:
@@ -157,6 +158,12 @@ class SigningTokenSource:
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint with the wrapped source and sign the token."""
         return self.signer.sign(self.source.mint(resource, timeout=timeout))
+
+    def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """Mint without per-resource state where the source can (see ``TokenSource``), and sign the token."""
+        transient = getattr(self.source, "mint_transient", None)
+        token = (transient or self.source.mint)(resource, timeout=timeout)
+        return self.signer.sign(token)
 
     def mint_many(self, resources: Iterable[str], *, timeout: float | None = None) -> list[FencingToken]:
         """Mint several (pipelined where the source can) and sign each."""
@@ -171,8 +178,9 @@ class SigningTokenSource:
         self.source.close()
 
     def __getattr__(self, name: str) -> Any:
-        # grantor_id, ceiling, connect, ...: the wrapped source's own.
-        if name.startswith("_"):
+        # grantor_id, ceiling, connect, ...: the wrapped source's own. Never a way to
+        # mint: a token minted past this wrapper would go out unsigned.
+        if name.startswith("_") or name.startswith("mint") or name == "lease":
             raise AttributeError(name)
         return getattr(self.source, name)
 

@@ -235,7 +235,7 @@ class FencedTask(Task):  # type: ignore[misc]
             else:
                 # A task id is never minted for again once its task is done: a source
                 # that can mint without keeping per-resource state (ZooKeeper) should.
-                transient = getattr(source, "mint_transient", None) if resource_is_task_id else None
+                transient = _own_method(source, "mint_transient") if resource_is_task_id else None
                 token = (transient or source.mint)(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
@@ -251,7 +251,7 @@ class FencedTask(Task):  # type: ignore[misc]
         )
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
-            self._claim(runtime, token, request)
+            self._claim(runtime, token, request, batch=resource_is_task_id)
         except _FENCED_OUT as exc:
             self._end(execution, keep_lease=False)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
@@ -266,22 +266,29 @@ class FencedTask(Task):  # type: ignore[misc]
             raise
         return execution
 
-    def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any) -> None:
+    def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any, batch: bool) -> None:
         """Claim *token* on every gate and on the task's result before the body runs.
 
-        Claims that are Lua scripts on one Redis server (a RedisGate and the
-        fenced result backend, typically) go in one round trip; the others run
-        one by one. Every claim still runs; the first refusal is raised.
+        One by one, in order, stopping at the first refusal: a claim refused by a
+        gate leaves the later gates and the result untouched, so an older
+        execution of the task that is still running can finish its writes and
+        its result. With *batch* (the resource is the task id), the claims that
+        are Lua scripts on one Redis server (a RedisGate and the fenced result
+        backend, typically) go in one round trip and all run: a gate can then
+        only have refused because a newer execution of the same task claimed
+        it, and that execution owns the result anyway.
         """
         batched: list[Any] = []
         for gate in runtime.gates(self):
-            prepare = getattr(gate, "claim_call", None)
+            # Only a gate's own claim_call: a wrapper (MeteredGate) that forwards
+            # unknown attributes would have its claim() skipped.
+            prepare = _own_method(gate, "claim_call") if batch else None
             if prepare is None:
                 gate.claim(token)
             else:
                 batched.append(prepare(token))
         if not request.ignore_result:
-            prepare_result = getattr(self.backend, "claim_result_call", None)
+            prepare_result = _own_method(self.backend, "claim_result_call") if batch else None
             if prepare_result is not None:
                 batched.append(prepare_result(request.id, token))
             else:
@@ -480,3 +487,10 @@ def fenced_task(
         return app.task(**options)(fun)
 
     return decorate
+
+
+def _own_method(target: Any, name: str) -> Any:
+    """``target.name`` if *target*'s class defines it, else ``None`` (not one a proxy forwards)."""
+    if getattr(type(target), name, None) is None:
+        return None
+    return getattr(target, name)

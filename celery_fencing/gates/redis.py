@@ -634,7 +634,15 @@ _UNSENT = object()
 
 
 def _server_of(client: Any, index: int) -> object:
-    """What identifies the server and database a client talks to; unique (no batching) when unknown."""
+    """What a pipeline on *client*'s connection would be: server, database, user and encoding.
+
+    Two clients batch together only when every setting that decides where a
+    command goes, as whom, and how it is encoded agrees (defaults normalised:
+    Celery's Redis backend leaves out what ``redis.Redis()`` spells out); a
+    credential provider or connect hook is compared by identity. Anything
+    else (a cluster or sentinel client, a pool without known settings) runs
+    alone.
+    """
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if type(client).__name__ not in ("Redis", "StrictRedis") or not isinstance(kwargs, dict):
@@ -642,8 +650,26 @@ def _server_of(client: Any, index: int) -> object:
     where = kwargs.get("path") or (kwargs.get("host"), kwargs.get("port"))
     if not where or where == (None, None):
         return ("alone", index)
-    credentials = (kwargs.get("username"), kwargs.get("password"), kwargs.get("decode_responses"))
-    return (type(pool), getattr(pool, "connection_class", None), where, kwargs.get("db", 0), credentials)
+    hooks = tuple(id(kwargs[name]) if kwargs.get(name) is not None else None for name in _AUTH_HOOKS)
+    tls = tuple(sorted((name, repr(value)) for name, value in kwargs.items() if name.startswith("ssl")))
+    return (
+        type(pool),
+        getattr(pool, "connection_class", None),
+        where,
+        int(kwargs.get("db") or 0),
+        kwargs.get("username"),
+        kwargs.get("password"),
+        hooks,
+        tls,
+        kwargs.get("encoding") or "utf-8",
+        kwargs.get("encoding_errors") or "strict",
+        bool(kwargs.get("decode_responses")),
+        str(kwargs.get("protocol") or 2),
+    )
+
+
+# Connection settings that may authenticate or pick a database their own way.
+_AUTH_HOOKS = ("credential_provider", "redis_connect_func")
 
 
 def _raise_fenced(message: str, token: FencingToken) -> NoReturn:

@@ -146,3 +146,58 @@ def test_unreachable_redis_is_gate_unavailable() -> None:
     gates = [RedisGate(client, prefix="a"), RedisGate(client, prefix="b")]
     with pytest.raises(GateUnavailableError):
         run_script_calls([gate.claim_call(FencingToken("u", 1)) for gate in gates])
+
+
+def test_a_task_refused_by_its_gate_leaves_its_result_unclaimed(
+    app: Celery, redis_gate: RedisGate, tmp_path: Any
+) -> None:
+    """On a domain resource, claims run one by one and stop at the first refusal: a task whose gate is
+    held by a newer token (another task of the same account) does not touch its result's mark, so an
+    older execution of that task can still store its result. (Batched, the result claim would land.)"""
+    from celery_fencing.celery import FencedTask, install
+
+    app.conf.update(fencing_source=f"sqlite:///{tmp_path / 'tokens.db'}", task_store_eager_result=False)
+    install(app)
+    redis_gate.claim(FencingToken("acct:1", 10**12))  # a newer writer of the account holds the mark
+
+    @app.task(
+        base=FencedTask,
+        fencing_resource="acct:{n}",
+        fencing_gates=lambda: [redis_gate],
+        fencing_on_stale="ignore",
+        shared=False,
+    )
+    def deposit(n: int) -> int:
+        return n
+
+    result = deposit.apply((1,))
+    assert result.state != "SUCCESS"
+    backend = _backend(app)
+    assert backend.client.exists(backend.get_key_for_fence(result.id)) == 0
+
+
+def test_batches_group_by_server_database_user_and_encoding(app: Celery, redis_url: str) -> None:
+    """The grouping key: Celery's backend client and a redis.Redis of the same server batch together
+    (their defaults differ only in spelling); another user, password, credential provider, database
+    or encoding never does. Pure: no command is sent."""
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    from celery_fencing.gates.redis import _server_of
+
+    base = redis.Redis.from_url(redis_url)
+    host, port = base.connection_pool.connection_kwargs["host"], base.connection_pool.connection_kwargs["port"]
+    same = [_backend(app).client, base, redis.Redis(host=host, port=port), redis.Redis(host=host, port=port, db=0)]
+    assert len({_server_of(client, n) for n, client in enumerate(same)}) == 1
+    others = [
+        redis.Redis(host=host, port=port, db=1),
+        redis.Redis(host=host, port=port, username="alice", password="a"),
+        redis.Redis(host=host, port=port, username="bob", password="b"),
+        redis.Redis(host=host, port=port, credential_provider=UsernamePasswordCredentialProvider("carol", "c")),
+        redis.Redis(host=host, port=port, credential_provider=UsernamePasswordCredentialProvider("carol", "c")),
+        redis.Redis(host=host, port=port, encoding="latin-1"),
+        redis.Redis(host=host, port=port + 1),
+    ]
+    keys = [_server_of(client, n) for n, client in enumerate(others, start=len(same))]
+    assert len(set(keys)) == len(others) and _server_of(base, 0) not in keys
+    for client in (base, *same[1:], *others):
+        client.close()

@@ -26,6 +26,7 @@ from celery_fencing import (
     StaleTokenError,
     TokenSigner,
     ZooKeeperTokenSource,
+    current_token,
 )
 from celery_fencing.signing import AllOf, SigningTokenSource
 from celery_fencing.token import Mark
@@ -105,6 +106,41 @@ def test_signed_mode_refuses_unsigned_and_forged_tokens(
         sql_gate.claim(nxt)
     finally:
         sql_gate.table.drop(pg_engine, checkfirst=True)
+
+
+def test_a_signing_source_signs_every_token_it_hands_out(
+    zk_source: ZooKeeperTokenSource, redis_client: redis.Redis, unique_name: str
+) -> None:
+    """Task ids mint through mint_transient: a SigningTokenSource signs those too, so a fenced task on its
+    task id passes a verifying gate; and it offers no way around the signature (no lease, no other mint)."""
+    from celery import Celery
+
+    from celery_fencing.celery import FencedTask, install
+
+    signer = TokenSigner({"k1": KEY_1})
+    service = SigningTokenSource(zk_source, signer)
+    transient = service.mint_transient("task-1")
+    assert transient.signature is not None and transient.signature.startswith("k1:")
+    signer.verify(transient)
+    for name in ("lease", "mint_unsigned", "_mint"):
+        with pytest.raises(AttributeError):
+            getattr(service, name)
+
+    gate = RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1}))
+    app = Celery("signed-task", set_as_current=False)
+    app.conf.update(fencing_source=service, task_store_eager_result=False)
+    install(app)
+
+    @app.task(base=FencedTask, fencing_gates=lambda: [gate], shared=False)
+    def on_task_id() -> int:
+        token = current_token()
+        gate.set(None, f"{unique_name}:k", token.value)
+        return int(token.signature is not None)
+
+    result = on_task_id.apply()
+    assert result.successful(), result.traceback
+    assert result.get() == 1
+    app.close()
 
 
 def test_without_signed_mode_one_forged_token_poisons_the_mark(
