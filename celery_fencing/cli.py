@@ -187,7 +187,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         if report.last_token is not None:
             last = str(report.last_token)
         else:
-            last = "never minted" if report.peek_supported else "cannot peek"
+            last = (report.peek_note or "never minted") if report.peek_supported else "cannot peek"
         marks = ["-" if mark is None else str(mark) for _, mark in report.marks]
         rows.append([report.resource, last, *marks, report.status])
     out.write(_table(header, rows) + "\n")

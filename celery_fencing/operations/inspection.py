@@ -52,6 +52,10 @@ class Peek:
     value: int | None
     supported: bool = True
     note: str = ""
+    #: The highest token the source can have issued for the resource, where that
+    #: is more than ``value`` (ZooKeeper: the ensemble's last zxid, since task ids
+    #: mint through one shared znode); ``None``: ``value`` is the bound.
+    bound: int | None = None
 
 
 class Peeker(Protocol):
@@ -142,9 +146,15 @@ class ZooKeeperPeeker:
 
         path = f"{self.root}/tokens/{resource_to_znode_name(resource)}"
         stat = self._client.exists_async(path).get(timeout=self.timeout)
+        # zxids are global: any token of any resource is at most the ensemble's last
+        # zxid, and resources minted with mint_transient (task ids) have no znode of
+        # their own. Read it after a sync, so it covers every write committed before.
+        self._client.sync_async(self.root).get(timeout=self.timeout)
+        self._client.exists_async(self.root).get(timeout=self.timeout)
+        bound = int(self._client.last_zxid)
         if stat is None:
-            return Peek(None, note="never minted")
-        return Peek(int(stat.mzxid))
+            return Peek(None, note="no znode", bound=bound)
+        return Peek(int(stat.mzxid), bound=bound)
 
     def close(self) -> None:
         try:
@@ -268,6 +278,9 @@ class ResourceReport:
     mark_grantors: list[str | None] = field(default_factory=list)
     #: "ok", "GRANTOR MISMATCH" or "MARK AHEAD OF SOURCE".
     status: str = "ok"
+    #: The highest token the source can have issued for the resource, when that is more
+    #: than ``last_token`` (ZooKeeper: the ensemble's last zxid).
+    issued_bound: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         grantors = self.mark_grantors + [None] * (len(self.marks) - len(self.mark_grantors))
@@ -276,6 +289,7 @@ class ResourceReport:
             "last_token": self.last_token,
             "peek_supported": self.peek_supported,
             "peek_note": self.peek_note,
+            "issued_bound": self.issued_bound,
             "marks": [
                 {"gate": gate, "high_water": mark, "grantor": grantor}
                 for (gate, mark), grantor in zip(self.marks, grantors, strict=True)
@@ -304,7 +318,7 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
             raise
         except Exception as exc:
             raise FencingConfigurationError(f"cannot read {peeker.description}: {exc}") from exc
-        report = ResourceReport(resource, peek.value, peek.supported, peek.note)
+        report = ResourceReport(resource, peek.value, peek.supported, peek.note, issued_bound=peek.bound)
         source_grantor: str | None = getattr(peeker, "grantor", None)
         for opened in gates:
             try:
@@ -329,19 +343,20 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
                     "replaced (a wiped ZooKeeper, a new token file), `celery-fencing rebase` moves the mark to it"
                 )
                 continue
-            if mark is not None and peek.supported and (peek.value is None or mark > peek.value):
+            limit = peek.value if peek.bound is None else max(peek.bound, peek.value or 0)
+            if mark is not None and peek.supported and (limit is None or mark > limit):
                 if report.status == "ok":
                     report.status = "MARK AHEAD OF SOURCE"
                 if mark_grantor is not None and mark_grantor == source_grantor:
                     report.problems.append(
                         f"mark {mark} at {opened.label} is above anything grantor {mark_grantor} has issued for "
-                        "it (the last token minted is "
-                        f"{'none' if peek.value is None else peek.value}): a forged or corrupted token got in, and "
+                        "it (the highest token issued is "
+                        f"{'none' if limit is None else limit}): a forged or corrupted token got in, and "
                         "every honest token is refused until the grantor counts past it; `celery-fencing repair` "
                         "lowers the mark to a fresh token"
                     )
                     continue
-                last = "no token was ever minted" if peek.value is None else f"the last token minted is {peek.value}"
+                last = "no token was ever minted" if limit is None else f"the highest token issued is {limit}"
                 report.problems.append(
                     f"mark {mark} at {opened.label} is above the source's counter ({last}): the source was reset "
                     "or is not the one the workers use; every new token is refused until it passes the mark "

@@ -867,8 +867,9 @@ class ZooKeeperTokenSource:
         earlier token of *resource* was minted (by either method) has a
         larger zxid, and two writes never share one. It is also cheaper for
         ZooKeeper than the ``create`` of a new znode. What the resource loses
-        is only a per-resource record of its last token (``inspect`` then
-        shows the ensemble's zxid). Errors and guarantees as :meth:`mint`.
+        is only a per-resource record of its last token (``inspect`` shows
+        ``no znode`` and bounds its marks by the ensemble's last zxid).
+        Errors and guarantees as :meth:`mint`.
         """
         name = validate_resource(resource)
         return self._mint([name], [f"{self.root}/transient"], timeout)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterator
@@ -102,6 +103,27 @@ def test_zookeeper_last_token_is_peeked_not_minted(
         assert first["last_token"] == second["last_token"] == token.value
         assert first["marks"][0]["high_water"] == token.value
         assert source.mint("job:1").value > token.value
+
+
+def test_zookeeper_task_ids_are_bounded_by_the_ensembles_zxid(
+    zookeeper_server: ZooKeeperServer, redis_url: str, redis_gate: RedisGate, unique_name: str
+) -> None:
+    """A task id minted through mint_transient has no znode: its honest mark is not reported ahead of the
+    source (the bound is the ensemble's last zxid), while a mark above that zxid still is."""
+    url = zookeeper_server.url(f"/{unique_name}")
+    with ZooKeeperTokenSource.from_url(url) as source:
+        honest = source.mint_transient("task-id-1")
+        redis_gate.claim(honest)
+        forged = source.mint_transient("task-id-2")
+        redis_gate.claim(dataclasses.replace(forged, value=forged.value + 10**9))
+        args = ("--source", url, "--gate", redis_url, "--redis-prefix", redis_gate.prefix, "--json")
+        code, out, _ = inspect(*args, "task-id-1", "task-id-2")
+        report = {entry["resource"]: entry for entry in json.loads(out)["resources"]}
+        assert report["task-id-1"]["status"] == "ok"
+        assert report["task-id-1"]["last_token"] is None and report["task-id-1"]["peek_note"] == "no znode"
+        assert report["task-id-1"]["issued_bound"] >= honest.value
+        assert report["task-id-2"]["status"] == "MARK AHEAD OF SOURCE"
+        assert code == 1
 
 
 def test_etcd_last_token_is_peeked_not_minted(
