@@ -79,7 +79,8 @@ class SQLiteTokenSource:
         self._registry_lock = threading.Lock()
         self._closed = False
         try:
-            stored = self._retry_while_locked(self._create, time.monotonic() + timeout)
+            deadline = time.monotonic() + timeout
+            stored = self._retry_while_locked(lambda: self._create(deadline), deadline)
         except sqlite3.Error as exc:
             raise FencingConfigurationError(f"cannot open SQLite token database {str(self.path)!r}: {exc}") from exc
         try:
@@ -105,9 +106,9 @@ class SQLiteTokenSource:
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
-    def _create(self) -> str:
+    def _create(self, deadline: float) -> str:
         """Create the tables and the grantor row if missing; return the stored grantor id."""
-        conn = self._connection()
+        conn = self._connection(deadline)
         # One write transaction taken up front: BEGIN IMMEDIATE waits in the busy
         # handler for other writers, so schema and identity appear together.
         conn.execute("BEGIN IMMEDIATE")
@@ -118,18 +119,21 @@ class SQLiteTokenSource:
             (stored,) = conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # keep the original error, not the rollback's
+                conn.execute("ROLLBACK")
             raise
         return str(stored)
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self, deadline: float | None = None) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
             return conn
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
-            self._retry_while_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), time.monotonic() + self.timeout)
+            # Within the caller's deadline: opening never waits longer than one timeout in all.
+            until = time.monotonic() + self.timeout if deadline is None else deadline
+            self._retry_while_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), until)
             conn.execute("PRAGMA synchronous=FULL")
         except BaseException:
             conn.close()
@@ -152,7 +156,7 @@ class SQLiteTokenSource:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             try:
-                conn = self._connection()
+                conn = self._connection(deadline)
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     (value,) = conn.execute(_MINT, (resource,)).fetchone()
