@@ -22,6 +22,7 @@ It uses public Celery hooks only, and every signal handler is connected with
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, ClassVar
 
@@ -66,7 +67,7 @@ class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
         # fork(). A grantor that is merely down is no reason to refuse to start.
         runtime = runtime_for(app)
         try:
-            runtime.source()
+            _check_source_supports(runtime.source(), settings)
         except TokenUnavailableError as exc:
             logger.warning("fencing token source unavailable at worker start: %s", exc)
         finally:
@@ -82,6 +83,24 @@ class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     # The embedded test worker (celery.contrib.testing) calls terminate, not stop.
     terminate = stop
+
+
+def _check_source_supports(source: Any, settings: Any) -> None:
+    """Refuse to start when the worker-wide settings ask for what the source cannot do.
+
+    Otherwise every task would fail at run time with the same configuration error.
+    (Per-task options are checked when the task runs.)
+    """
+    lease = getattr(source, "lease", None)
+    if settings.mode == "exclusive" and lease is None:
+        raise FencingConfigurationError(
+            f"fencing_mode='exclusive' needs a source with leases (ZooKeeper, etcd), not {type(source).__name__}"
+        )
+    if settings.lock_delay and (lease is None or "lock_delay" not in inspect.signature(lease).parameters):
+        raise FencingConfigurationError(
+            f"fencing_lock_delay={settings.lock_delay:g} needs a source whose leases take a lock-delay "
+            f"(ZooKeeper), not {type(source).__name__}; set it to 0 or use zookeeper://"
+        )
 
 
 def _is_prefork(worker: Any) -> bool:

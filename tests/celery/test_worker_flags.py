@@ -50,11 +50,14 @@ def test_source_flag_overrides_the_setting(scenario: Scenario) -> None:
         (("--fencing-mode", "shared"), "fencing_mode"),
         (("--fencing-source", "nosuch://x"), "unknown token source scheme"),
         (("--fencing-source", "memory://"), "is volatile"),
+        (("--fencing-mode", "exclusive"), "fencing_mode='exclusive' needs a source with leases"),
+        (("--fencing-lock-delay", "5"), "fencing_lock_delay=5 needs a source whose leases take a lock-delay"),
     ],
-    ids=["timeout", "on-stale", "mode", "source", "volatile-source"],
+    ids=["timeout", "on-stale", "mode", "source", "volatile-source", "exclusive-without-leases", "lock-delay"],
 )
 def test_bad_flag_stops_the_worker_naming_it(scenario: Scenario, extra_args: tuple[str, ...], named: str) -> None:
-    """A bad flag value makes the worker refuse to start, with an error naming the setting."""
+    """A bad flag value, or one the configured source (SQLite here) cannot honour, makes the worker
+    refuse to start, with an error naming the setting."""
     worker = WorkerProcess(
         APP_MODULE, name="bad", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path, extra_args=extra_args
     )
