@@ -41,7 +41,7 @@ class HeldLease:
     taken_at: float
     #: Until when (time.monotonic) the lease may be kept for the next task of its resource.
     keep_until: float
-    #: When it was last put back between tasks (time.monotonic); 0.0 while a task holds it.
+    #: When it was last put back between tasks (time.monotonic); read only while it is kept.
     idle_since: float = 0.0
     #: Whether someone else queues for the lock (see ``Lease.on_contended``).
     contended: bool = False
