@@ -46,6 +46,15 @@ refused for now: their default collations compare ``"Acct"``, ``"acct"`` and
 binary column there (SQLGate has one). On SQLite the whole database is the
 lock: writers of all resources serialise.
 
+Origin checks: ``DjangoGate(verifier=...)`` (a
+:class:`~celery_fencing.signing.TokenSigner` for signed mode, a
+:class:`~celery_fencing.signing.PlausibilityBound`, or both with
+:class:`~celery_fencing.signing.AllOf`) checks every token of ``claim``,
+``transaction``, ``guard`` and :meth:`DjangoGate.fenced_update` before any
+query, as the other gates do: a refused token raises
+:class:`~celery_fencing.ForgedTokenError` and changes nothing. The
+module-level :func:`fenced_update` belongs to no gate and verifies nothing.
+
 Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` before any
 I/O. Failures of the gate's own statements (connection refused, lock timeout,
 deadlock, a missing mark table) raise :class:`~celery_fencing.GateUnavailableError`
@@ -74,6 +83,7 @@ from django.db.models import Q, QuerySet
 
 from ..context import resolve_token
 from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
+from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
 
 __all__ = ["SUPPORTED_VENDORS", "DjangoGate", "fenced_update"]
@@ -123,10 +133,14 @@ class DjangoGate:
         nullable ``CharField(max_length=64)``). Without ``grantor`` the gate
         compares values only and logs a warning: tokens of another grantor are
         not detected.
+    :param verifier: checks every token's origin before it is used (signed
+        mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
     :raises FencingConfigurationError: an unknown alias or an unsupported database.
     """
 
-    def __init__(self, using: str = DEFAULT_DB_ALIAS, *, model: Any = None) -> None:
+    def __init__(
+        self, using: str = DEFAULT_DB_ALIAS, *, model: Any = None, verifier: TokenVerifier | None = None
+    ) -> None:
         if not isinstance(using, str) or using not in connections.settings:
             raise FencingConfigurationError(f"no database alias {using!r} in settings.DATABASES")
         vendor = connections[using].vendor
@@ -141,6 +155,7 @@ class DjangoGate:
             model = HighWaterMark
         self.using = using
         self.model = model
+        self.verifier = verifier
         self._vendor = vendor
         self._with_grantor = _has_field(model, "grantor")
         if not self._with_grantor:
@@ -189,6 +204,12 @@ class DjangoGate:
             )
         return self._sql
 
+    def _checked(self, token: FencingToken | None) -> FencingToken:
+        checked = resolve_token(token)
+        if self.verifier is not None:
+            self.verifier.verify(checked)
+        return checked
+
     def _mark_params(self, token: FencingToken) -> list[Any]:
         params: list[Any] = [token.resource, token.value]
         if self._with_grantor:
@@ -204,7 +225,7 @@ class DjangoGate:
 
         :raises StaleTokenError: the mark is above the token (nothing changed).
         :raises GrantorMismatchError: the mark belongs to another grantor (nothing changed).
-        :raises InvalidTokenError: bad token, before any I/O.
+        :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         with self.transaction(token):
@@ -284,15 +305,16 @@ class DjangoGate:
         when nested in your own ``atomic()``); any exception rolls both back
         and propagates. The block gets the database connection (for raw SQL).
 
-        The token is checked when this method is called, before any I/O.
+        The token is checked (and verified, with a verifier) when this method
+        is called, before any I/O.
 
         :raises StaleTokenError: on entering, for a token below the mark (rolled back).
         :raises GrantorMismatchError: on entering, for a token of another grantor (rolled back).
-        :raises InvalidTokenError: bad token, before any I/O.
+        :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises GateUnavailableError: the database failed or could not be
             reached, on entering or at COMMIT.
         """
-        return self._transaction(resolve_token(token))
+        return self._transaction(self._checked(token))
 
     @contextmanager
     def _transaction(self, token: FencingToken) -> Iterator[Any]:
@@ -322,12 +344,12 @@ class DjangoGate:
 
         :raises StaleTokenError: the token is below the mark.
         :raises GrantorMismatchError: the mark belongs to another grantor.
-        :raises InvalidTokenError: bad token, before any I/O.
+        :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises FencingConfigurationError: not inside ``transaction.atomic(using=...)``:
             in autocommit the mark would be committed apart from the data.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        checked = resolve_token(token)
+        checked = self._checked(token)
         connection = connections[self.using]
         if not connection.in_atomic_block:
             raise FencingConfigurationError(
@@ -353,6 +375,20 @@ class DjangoGate:
         if row is not None:
             check_grantor(token, row[1])  # another grantor's mark is the news, whatever the values
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=None if row is None else row[0])
+
+    # Column mode --------------------------------------------------------------
+
+    def fenced_update(self, queryset: QuerySet[Any], token: FencingToken | None, **options: Any) -> int:
+        """:func:`fenced_update` with this gate's verifier: the token's origin is checked first, before any I/O.
+
+        *options* (the fields and *values*), the result and the errors are
+        those of :func:`fenced_update`. Column mode does not use the gate's
+        database alias or mark table: the queryset's own database and the
+        row's fence decide.
+
+        :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
+        """
+        return fenced_update(queryset, self._checked(token), **options)
 
     def __repr__(self) -> str:
         return f"DjangoGate(using={self.using!r}, model={self.model.__name__})"
@@ -390,7 +426,8 @@ def fenced_update(
     fenced by its own column. To claim a row before reading it, call this with
     no *values*: it raises the fence alone. Column mode does not consult the
     mark table (``DjangoGate.claim`` does not fence these rows, nor the other
-    way round).
+    way round). It belongs to no gate, so it verifies no token's origin: with
+    a verifier, call :meth:`DjangoGate.fenced_update`, which checks it first.
 
     :returns: the number of rows updated; 0 when no row matches the queryset.
     :raises StaleTokenError: a matching row's fence is above the token
