@@ -78,11 +78,12 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
 from ..exceptions import FencingConfigurationError, InvalidTokenError, LeaseLostError, TokenUnavailableError
+from ..lease_state import LeaseState
 from ..token import FencingToken, validate_grantor, validate_resource, validate_token_value
 
 __all__ = ["EtcdLease", "EtcdTokenSource", "resource_to_key_name"]
@@ -166,7 +167,7 @@ def _int_field(message: dict[str, Any], name: str, default: int | None = None) -
     return int(raw)
 
 
-class EtcdLease:
+class EtcdLease(LeaseState):
     """An exclusive hold on a resource through etcd's lock, and the token minted under it.
 
     Obtained from :meth:`EtcdTokenSource.lease`. The lease is *lost* when
@@ -176,8 +177,10 @@ class EtcdLease:
     thread. Thread-safe; lost in a forked child.
     """
 
+    _log = log
+
     def __init__(self, source: EtcdTokenSource, resource: str, lease_id: int, ttl: float) -> None:
-        self.resource = resource
+        super().__init__(resource)
         #: The etcd lease id that holds the lock key.
         self.lease_id = lease_id
         self.ttl = ttl
@@ -188,55 +191,7 @@ class EtcdLease:
         #: The grantor id the lease's tokens carry, read before the lock was taken.
         self.grantor = ""
         self._source = source
-        self._token: FencingToken | None = None
-        self._lost = threading.Event()
-        self._lost_reason: str | None = None
-        self._released = threading.Event()
-        self._callbacks: list[Callable[[EtcdLease], object]] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._keeper: threading.Thread | None = None
-
-    @property
-    def token(self) -> FencingToken:
-        """The token minted when the lease was taken (or by the last :meth:`mint`)."""
-        if self._token is None:
-            raise LeaseLostError("this lease holds no token yet", resource=self.resource)
-        return self._token
-
-    @property
-    def lost(self) -> bool:
-        """Whether the lease was lost. A released lease is not lost."""
-        return self._lost.is_set()
-
-    @property
-    def lost_reason(self) -> str | None:
-        """Why the lease was lost (``None`` while it is held)."""
-        return self._lost_reason
-
-    def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block until the lease is lost or *timeout* seconds pass; return ``lost``."""
-        return self._lost.wait(timeout)
-
-    def on_lost(self, callback: Callable[[EtcdLease], object]) -> None:
-        """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""
-        with self._lock:
-            if not self._lost.is_set():
-                self._callbacks.append(callback)
-                return
-        self._run_callbacks([callback])
-
-    def check(self) -> None:
-        """Return if the lease is still held, else raise.
-
-        :raises LeaseLostError: the lease was lost or released, or this is a forked child.
-        """
-        if self._pid != os.getpid():
-            raise LeaseLostError(f"lease on {self.resource!r} was taken in another process", resource=self.resource)
-        if self._lost.is_set():
-            raise LeaseLostError(f"lease on {self.resource!r} was lost: {self._lost_reason}", resource=self.resource)
-        if self._released.is_set():
-            raise LeaseLostError(f"lease on {self.resource!r} was released", resource=self.resource)
 
     def mint(self, *, timeout: float | None = None) -> FencingToken:
         """Mint a new, larger token under the lock, with the same transaction check.
@@ -250,32 +205,6 @@ class EtcdLease:
         return token
 
     # Internal -----------------------------------------------------------------
-
-    def _mark_lost(self, reason: str) -> None:
-        with self._lock:
-            if self._lost.is_set() or self._released.is_set():
-                return
-            self._lost_reason = reason
-            self._lost.set()
-            callbacks, self._callbacks = self._callbacks, []
-        log.warning("fencing lease on %r lost: %s", self.resource, reason)
-        if callbacks:
-            self._run_callbacks(callbacks)
-
-    def _mark_released(self) -> None:
-        with self._lock:
-            self._released.set()
-            self._callbacks = []
-
-    def _run_callbacks(self, callbacks: list[Callable[[EtcdLease], object]]) -> None:
-        def run() -> None:
-            for callback in callbacks:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("fencing lease on_lost callback %r failed", callback)
-
-        threading.Thread(target=run, name=f"fencing-lease-lost:{self.resource}", daemon=True).start()
 
     def _keep_alive(self) -> None:
         """Renew the etcd lease every third of its TTL; mark the lease lost when that fails for a TTL."""
@@ -314,8 +243,7 @@ class EtcdLease:
                     return
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self._released.is_set() else "held"
-        return f"<EtcdLease {self.resource!r} {self._token!r} {state}>"
+        return f"<EtcdLease {self.resource!r} {self._token!r} {self._state_word()}>"
 
 
 class EtcdTokenSource:

@@ -172,6 +172,7 @@ from ..exceptions import (
     LeaseLostError,
     TokenUnavailableError,
 )
+from ..lease_state import LeaseState
 from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validate_resource, validate_token_value
 
 __all__ = [
@@ -406,7 +407,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class Lease:
+class Lease(LeaseState):
     """An exclusive hold on a resource, and the token minted under it.
 
     Obtained from :meth:`ZooKeeperTokenSource.lease`. ``token`` was minted by a
@@ -422,18 +423,13 @@ class Lease:
     Thread-safe. A lease does not cross ``fork()``: in the child it is lost.
     """
 
+    _log = log
+
     def __init__(self, source: ZooKeeperTokenSource, resource: str, lock_path: str) -> None:
-        self.resource = resource
+        super().__init__(resource)
         #: The holder's lock znode, ``<root>/locks/<name>/<uuid>-lease-<sequence>``.
         self.lock_path = lock_path
         self._source = source
-        self._token: FencingToken | None = None
-        self._lost = threading.Event()
-        self._lost_reason: str | None = None
-        self._released = False
-        self._callbacks: list[Callable[[Lease], object]] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
         #: Seconds of ZooKeeper time this lease waited for a lock-delay before it
         #: was granted (0.0 when the previous holder released cleanly, or no delay applied).
         self.lock_delay_waited = 0.0
@@ -445,39 +441,6 @@ class Lease:
         self._contended = threading.Event()
         self._contended_callbacks: list[Callable[[Lease], object]] = []
         self._watching_queue = False
-
-    @property
-    def token(self) -> FencingToken:
-        """The token minted when the lease was taken (or by the last :meth:`mint`)."""
-        if self._token is None:
-            raise LeaseLostError("this lease holds no token yet", resource=self.resource)
-        return self._token
-
-    @property
-    def lost(self) -> bool:
-        """Whether the lease was lost. A released lease is not lost."""
-        return self._lost.is_set()
-
-    @property
-    def lost_reason(self) -> str | None:
-        """Why the lease was lost (``None`` while it is held)."""
-        return self._lost_reason
-
-    def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block until the lease is lost or *timeout* seconds pass; return ``lost``."""
-        return self._lost.wait(timeout)
-
-    def on_lost(self, callback: Callable[[Lease], object]) -> None:
-        """Call ``callback(lease)`` once when the lease is lost (at once if it already is).
-
-        The callback runs in a thread of its own; its exceptions are logged.
-        Callbacks are dropped when the lease is released without being lost.
-        """
-        with self._lock:
-            if not self._lost.is_set():
-                self._callbacks.append(callback)
-                return
-        self._run_callbacks([callback])
 
     @property
     def contended(self) -> bool:
@@ -498,7 +461,7 @@ class Lease:
         """
         watch = run_now = False
         with self._lock:
-            if self._released or self._lost.is_set():
+            if self._released.is_set() or self._lost.is_set():
                 return
             if self._contended.is_set():
                 run_now = True
@@ -509,18 +472,6 @@ class Lease:
             self._run_callbacks([callback], "contended")
         elif watch:
             self._source._watch_queue(self)
-
-    def check(self) -> None:
-        """Return if the lease is still held, else raise.
-
-        :raises LeaseLostError: the lease was lost or released, or this is a forked child.
-        """
-        if self._pid != os.getpid():
-            raise LeaseLostError(f"lease on {self.resource!r} was taken in another process", resource=self.resource)
-        if self._lost.is_set():
-            raise LeaseLostError(f"lease on {self.resource!r} was lost: {self._lost_reason}", resource=self.resource)
-        if self._released:
-            raise LeaseLostError(f"lease on {self.resource!r} was released", resource=self.resource)
 
     def mint(self, *, timeout: float | None = None) -> FencingToken:
         """Mint a new, larger token under the lock, with the same multi-op check.
@@ -536,26 +487,18 @@ class Lease:
     # Internal -----------------------------------------------------------------
 
     def _mark_lost(self, reason: str, *, notify: bool = True) -> None:
+        super()._mark_lost(reason, notify=notify)
         with self._lock:
-            if self._lost.is_set() or self._released:
-                return
-            self._lost_reason = reason
-            self._lost.set()
-            callbacks, self._callbacks = self._callbacks, []
             self._contended_callbacks = []
-        log.warning("fencing lease on %r lost: %s", self.resource, reason)
-        if notify and callbacks:
-            self._run_callbacks(callbacks)
 
     def _mark_released(self) -> None:
+        super()._mark_released()
         with self._lock:
-            self._released = True
-            self._callbacks = []
             self._contended_callbacks = []
 
     def _mark_contended(self) -> None:
         with self._lock:
-            if self._contended.is_set() or self._released or self._lost.is_set():
+            if self._contended.is_set() or self._released.is_set() or self._lost.is_set():
                 return
             self._contended.set()
             callbacks, self._contended_callbacks = self._contended_callbacks, []
@@ -566,22 +509,12 @@ class Lease:
         self._lock = threading.Lock()
         # The parent's callbacks belong to the parent's threads: do not run them here.
         self._callbacks = []
+        self._contended_callbacks = []
         self._lost_reason = self._lost_reason or "the process forked"
         self._lost.set()
 
-    def _run_callbacks(self, callbacks: list[Callable[[Lease], object]], what: str = "lost") -> None:
-        def run() -> None:
-            for callback in callbacks:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("fencing lease on_%s callback %r failed", what, callback)
-
-        threading.Thread(target=run, name=f"fencing-lease-{what}:{self.resource}", daemon=True).start()
-
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "released" if self._released else "held"
-        return f"<Lease {self.resource!r} {self._token!r} {state}>"
+        return f"<Lease {self.resource!r} {self._token!r} {self._state_word()}>"
 
 
 class ZooKeeperTokenSource:
@@ -1683,7 +1616,7 @@ class ZooKeeperTokenSource:
                 lease._mark_contended()
 
         def on_event(_event: Any) -> None:
-            if not (lease.contended or lease.lost or lease._released):
+            if not (lease.contended or lease.lost or lease._released.is_set()):
                 request()
 
         def request() -> None:

@@ -27,6 +27,7 @@ def test_public_names_are_in_all() -> None:
         "exceptions",
         "gates",
         "idempotency",
+        "lease_state",
         "metrics",
         "operations",
         "policies",
