@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from .exceptions import InvalidTokenError, LeaseLostError, ResourceMismatchError
+from .protocols import TokenVerifier
 from .token import FencingToken, validate_resource
 
 __all__ = ["Execution", "current_execution", "current_token", "resolve_token", "token_context"]
@@ -66,15 +67,20 @@ def token_context(token: FencingToken | Execution | None) -> Iterator[Execution 
         _current.reset(reset)
 
 
-def resolve_token(token: object = None, *, resource: str | None = None) -> FencingToken:
-    """Return the token a gate operation must use, validated.
+def resolve_token(
+    token: object = None, *, resource: str | None = None, verifier: TokenVerifier | None = None
+) -> FencingToken:
+    """Return the token a gate operation must use, validated (and verified, given a *verifier*).
 
     *token* is the caller's explicit token; ``None`` means the current one.
-    When *resource* is given, the token must have been minted for it.
+    When *resource* is given, the token must have been minted for it. A gate
+    built with ``verifier=`` passes it here, so its origin check runs on every
+    token too.
 
     Gates call this before any I/O, so bad input changes nothing.
 
-    :raises InvalidTokenError: no token at all, or not a :class:`FencingToken`.
+    :raises InvalidTokenError: no token at all, or not a :class:`FencingToken`,
+        or (``ForgedTokenError``, ``GrantorMismatchError``) one the verifier refuses.
     :raises ResourceMismatchError: the token belongs to another resource.
     """
     execution = _current.get()
@@ -102,4 +108,6 @@ def resolve_token(token: object = None, *, resource: str | None = None) -> Fenci
             token_resource=checked.resource,
             expected_resource=resource,
         )
+    if verifier is not None:
+        verifier.verify(checked)
     return checked

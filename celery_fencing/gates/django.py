@@ -205,10 +205,7 @@ class DjangoGate:
         return self._sql
 
     def _checked(self, token: FencingToken | None) -> FencingToken:
-        checked = resolve_token(token)
-        if self.verifier is not None:
-            self.verifier.verify(checked)
-        return checked
+        return resolve_token(token, verifier=self.verifier)
 
     def _mark_params(self, token: FencingToken) -> list[Any]:
         params: list[Any] = [token.resource, token.value]

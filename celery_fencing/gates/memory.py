@@ -58,10 +58,7 @@ class MemoryGate:
             self._owners[key] = token.resource
 
     def _checked(self, token: FencingToken | None) -> FencingToken:
-        checked = resolve_token(token)
-        if self.verifier is not None:
-            self.verifier.verify(checked)
-        return checked
+        return resolve_token(token, verifier=self.verifier)
 
     def claim(self, token: FencingToken | None = None) -> None:
         checked = self._checked(token)

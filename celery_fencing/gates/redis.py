@@ -364,10 +364,7 @@ class RedisGate:
         return self._owner_prefix + key
 
     def _checked(self, token: FencingToken | None) -> FencingToken:
-        checked = resolve_token(token)
-        if self.verifier is not None:
-            self.verifier.verify(checked)
-        return checked
+        return resolve_token(token, verifier=self.verifier)
 
     def _fence_keys(self, token: FencingToken) -> list[str]:
         return [self._mark_prefix + token.resource, self._grantor_prefix + token.resource]

@@ -438,10 +438,7 @@ class SQLGate:
         return statement.execution_options(preserve_rowcount=True)
 
     def _checked(self, token: FencingToken | None) -> FencingToken:
-        checked = resolve_token(token)
-        if self.verifier is not None:
-            self.verifier.verify(checked)
-        return checked
+        return resolve_token(token, verifier=self.verifier)
 
     def guard(self, connection: Connection, token: FencingToken | None = None) -> None:
         """Advance the mark inside a transaction the caller already holds on *connection*.
