@@ -82,9 +82,10 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, Operation
 from django.db.models import Q, QuerySet
 
 from ..context import resolve_token
-from ..exceptions import FencingConfigurationError, GateUnavailableError, ResourceMismatchError, StaleTokenError
+from ..exceptions import FencingConfigurationError, GateUnavailableError, StaleTokenError
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
+from .refusal import raise_why_refused
 
 __all__ = ["SUPPORTED_VENDORS", "DjangoGate", "fenced_update"]
 
@@ -464,20 +465,7 @@ def fenced_update(
         rows = list(probe.values_list(fence_field, resource_field or fence_field, grantor_field or fence_field))
     except _UNAVAILABLE as exc:
         _unavailable(exc, "fenced update")
-    if resource_field is not None:
-        for row in rows:
-            if row[1] != checked.resource:
-                raise ResourceMismatchError(
-                    f"row belongs to resource {row[1]!r}, not {checked.resource!r}",
-                    token_resource=checked.resource,
-                    expected_resource=row[1],
-                )
-    if grantor_field is not None:
-        for row in rows:
-            check_grantor(checked, row[2])
-    fences = [row[0] for row in rows if row[0] is not None and row[0] > checked.value]
-    if fences:
-        raise StaleTokenError(resource=checked.resource, token=checked.value, high_water=max(fences))
+    raise_why_refused(checked, rows, check_owner=resource_field is not None, check_grantors=grantor_field is not None)
     return 0
 
 

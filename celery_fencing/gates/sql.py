@@ -102,7 +102,6 @@ from ..exceptions import (
     FencingConfigurationError,
     GateUnavailableError,
     InvalidArgumentError,
-    ResourceMismatchError,
     StaleTokenError,
 )
 from ..protocols import TokenVerifier
@@ -115,6 +114,7 @@ from ..token import (
     check_grantor,
     validate_resource,
 )
+from .refusal import raise_why_refused
 
 __all__ = ["DEFAULT_TABLE", "SQLGate", "Utf8VarBinary", "high_water_table"]
 
@@ -574,20 +574,7 @@ class SQLGate:
             if isinstance(exc, _UNAVAILABLE) or getattr(exc, "connection_invalidated", False):
                 _unavailable(exc, "fenced update")
             raise
-        if owner is not None:
-            for row in rows:
-                if row[1] != checked.resource:
-                    raise ResourceMismatchError(
-                        f"row belongs to resource {row[1]!r}, not {checked.resource!r}",
-                        token_resource=checked.resource,
-                        expected_resource=row[1],
-                    )
-        if grantor is not None:
-            for row in rows:
-                check_grantor(checked, row[2])
-        fences = [row[0] for row in rows if row[0] is not None and row[0] > checked.value]
-        if fences:
-            raise StaleTokenError(resource=checked.resource, token=checked.value, high_water=max(fences))
+        raise_why_refused(checked, rows, check_owner=owner is not None, check_grantors=grantor is not None)
         return 0
 
     def __repr__(self) -> str:
