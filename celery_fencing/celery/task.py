@@ -295,9 +295,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 claim_result = getattr(self.backend, "claim_result", None)
                 if claim_result is not None:
                     claim_result(request.id, token)
-        if len(batched) == 1:
-            batched[0].fallback()
-        elif batched:
+        if batched:
             from ..gates.redis import run_script_calls
 
             run_script_calls(batched)

@@ -394,10 +394,8 @@ class RedisGate:
         args = [encode_mark(checked.value), _grantor_arg(checked)]
 
         def check(reply: Any) -> None:
-            if isinstance(reply, ResponseError) and str(reply).startswith("FENCED "):
-                _raise_fenced(str(reply), checked)
             if isinstance(reply, RedisError):
-                _unavailable(reply)
+                _raise_for(reply, checked)
 
         return ScriptCall(self.client, self._claim_script, keys, args, check, lambda: self.claim(checked))
 
@@ -566,13 +564,8 @@ class RedisGate:
         except DataError as exc:
             # A value redis-py cannot encode: the caller's bug, raised before any I/O.
             raise InvalidArgumentError(f"a value redis-py cannot send: {exc}") from exc
-        except ResponseError as exc:
-            message = str(exc)
-            if message.startswith("FENCED "):
-                _raise_fenced(message, token)
-            _unavailable(exc)
         except RedisError as exc:
-            _unavailable(exc)
+            _raise_for(exc, token)
 
     def __repr__(self) -> str:
         return f"RedisGate({self.client!r}, prefix={self.prefix!r})"
@@ -599,9 +592,10 @@ class ScriptCall:
 def run_script_calls(calls: Sequence[ScriptCall]) -> None:
     """Run *calls*, those bound for the same Redis server pipelined in one round trip.
 
-    Each script stays atomic on its own; the calls are not one transaction
-    (every claim is independent, and a claim that lands while another is
-    refused only raises a mark to a token that was minted, which is harmless).
+    Each script stays atomic on its own; the calls are not one transaction:
+    every call runs even when an earlier one is refused, so batch only calls
+    for which that is harmless (a fenced task batches only the claims of a
+    task-id resource). A call alone for its server is sent on its own.
     Replies are checked in the order of *calls*, and the first error is raised.
     """
     groups: dict[object, list[int]] = {}
@@ -667,6 +661,13 @@ def _server_of(client: Any, index: int) -> object:
 
 # Connection settings that may authenticate or pick a database their own way.
 _AUTH_HOOKS = ("credential_provider", "redis_connect_func")
+
+
+def _raise_for(exc: RedisError, token: FencingToken) -> NoReturn:
+    """A script's refusal (an error reply starting ``FENCED``) as the gate's error; any other as unavailable."""
+    if isinstance(exc, ResponseError) and str(exc).startswith("FENCED "):
+        _raise_fenced(str(exc), token)
+    _unavailable(exc)
 
 
 def _raise_fenced(message: str, token: FencingToken) -> NoReturn:
