@@ -11,7 +11,7 @@ import pytest
 import redis
 from celery import Celery
 
-from .workers import WorkerProcess
+from .workers import WorkerProcess, wait_for
 
 APP_MODULE = "tests.celery.app_under_test"
 
@@ -72,6 +72,30 @@ class Scenario:
 
     def events(self) -> list[list[str]]:
         return [line.split() for line in self.redis.lrange(self.key("events"), 0, -1)]
+
+    def events_of(self, kind: str, task_id: str) -> list[list[str]]:
+        """The events of one kind recorded by the executions of *task_id*."""
+        return [event for event in self.events() if event[0] == kind and event[1] == task_id]
+
+    def check_exclusive_runs_one_at_a_time(self) -> None:
+        """Two executions of one resource in exclusive mode (task ``exclusive_job`` on a prefork
+        worker of concurrency 2): the second enters only after the first exits, with a larger token."""
+        name = uuid.uuid4().hex[:6]
+        first = self.send("exclusive_job", name)
+        entered = wait_for(lambda: self.events_of("enter", first.id), 60, "the first execution to enter")
+        second = self.send("exclusive_job", name)
+        # The second is received by the free pool process and waits for the lease:
+        # it must not enter while the first holds it.
+        wait_for(lambda: f"[{second.id}] received" in self.workers[0].log(), 30, "the second task to be received")
+        assert not self.events_of("enter", second.id)
+        self.release(first.id, entered[0][2])  # type: ignore[index]
+        first_token = first.get(timeout=60)
+        second_enter = wait_for(lambda: self.events_of("enter", second.id), 60, "the second execution to enter")
+        self.release(second.id, second_enter[0][2])  # type: ignore[index]
+        second_token = second.get(timeout=60)
+        assert second_token > first_token
+        order = [event[0] for event in self.events() if event[0] in ("enter", "exit")]
+        assert order == ["enter", "exit", "enter", "exit"]
 
     def release(self, task_id: str, token: int | str) -> None:
         """Let the execution of *task_id* holding *token* go on past its wait."""

@@ -13,10 +13,6 @@ from .conftest import Scenario
 from .workers import wait_for
 
 
-def _events(scenario: Scenario, kind: str, task_id: str) -> list[list[str]]:
-    return [e for e in scenario.events() if e[0] == kind and e[1] == task_id]
-
-
 def _use_zookeeper(scenario: Scenario, server: ZooKeeperServer, **params: object) -> None:
     scenario.env["FT_SOURCE"] = server.url(f"/fencing-{scenario.name}", **params)
 
@@ -56,22 +52,7 @@ def test_exclusive_mode_runs_one_execution_at_a_time(scenario: Scenario, zookeep
     """In exclusive mode the second execution of a resource enters only after the first exits, with a larger token."""
     _use_zookeeper(scenario, zookeeper_server)
     scenario.worker("w", pool="prefork", concurrency=2)
-    name = uuid.uuid4().hex[:6]
-    first = scenario.send("exclusive_job", name)
-    entered = wait_for(lambda: _events(scenario, "enter", first.id), 60, "the first execution to enter")
-    second = scenario.send("exclusive_job", name)
-    # The second is received by the free pool process and waits for the lease:
-    # it must not enter while the first holds it.
-    wait_for(lambda: f"[{second.id}] received" in scenario.workers[0].log(), 30, "the second task to be received")
-    assert not _events(scenario, "enter", second.id)
-    scenario.release(first.id, entered[0][2])  # type: ignore[index]
-    first_token = first.get(timeout=60)
-    second_enter = wait_for(lambda: _events(scenario, "enter", second.id), 60, "the second execution to enter")
-    scenario.release(second.id, second_enter[0][2])  # type: ignore[index]
-    second_token = second.get(timeout=60)
-    assert second_token > first_token
-    order = [e[0] for e in scenario.events() if e[0] in ("enter", "exit")]
-    assert order == ["enter", "exit", "enter", "exit"]
+    scenario.check_exclusive_runs_one_at_a_time()
 
 
 def test_session_loss_stops_the_task_at_its_next_gate_call(
@@ -83,7 +64,7 @@ def test_session_loss_stops_the_task_at_its_next_gate_call(
     worker = scenario.worker("w", pool="prefork", concurrency=1, extra_args=("--fencing-abort-on-session-loss",))
     name = uuid.uuid4().hex[:6]
     result = scenario.send("session_job", name)
-    start = wait_for(lambda: _events(scenario, "start", result.id), 60, "the task to start")[0]  # type: ignore[index]
+    start = wait_for(lambda: scenario.events_of("start", result.id), 60, "the task to start")[0]  # type: ignore[index]
     zookeeper_server.pause()
     try:
         wait_for(lambda: "ZooKeeper session SUSPENDED while 1 fenced task(s)" in worker.log(), 30, "the suspension")
@@ -91,11 +72,11 @@ def test_session_loss_stops_the_task_at_its_next_gate_call(
         zookeeper_server.resume()
     scenario.release(result.id, start[2])
     retry_start = wait_for(
-        lambda: [e for e in _events(scenario, "start", result.id) if e[3] == "1"], 90, "the retry to start"
+        lambda: [e for e in scenario.events_of("start", result.id) if e[3] == "1"], 90, "the retry to start"
     )[0]  # type: ignore[index]
     scenario.release(result.id, retry_start[2])
     final = result.get(timeout=60)
-    assert _events(scenario, "lost", result.id)[0][2] == start[2], "the first attempt was told its session was lost"
+    assert scenario.events_of("lost", result.id)[0][2] == start[2], "the first attempt was told its session was lost"
     assert "fenced out at body on 'sess:" in worker.log()
     assert "was lost; this execution stops at its next gate call" in worker.log()
     assert final == int(retry_start[2]) > int(start[2])
