@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .context import current_token, resolve_token, token_context
 from .exceptions import (
+    AlreadyAppliedError,
     EffectPendingError,
     FencingConfigurationError,
     FencingError,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from .sources.zookeeper import ZooKeeperTokenSource
 
 __all__ = [
+    "AlreadyAppliedError",
     "Decision",
     "DjangoGate",
     "EffectPendingError",

@@ -8,6 +8,7 @@ started through ``contextvars.copy_context()``.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -17,7 +18,35 @@ from .exceptions import InvalidTokenError, LeaseLostError, ResourceMismatchError
 from .protocols import TokenVerifier
 from .token import FencingToken, validate_resource
 
-__all__ = ["Execution", "current_execution", "current_token", "resolve_token", "token_context"]
+__all__ = [
+    "DEFAULT_ONCE_RETENTION",
+    "AppliedRecord",
+    "Execution",
+    "applied_record",
+    "current_execution",
+    "current_token",
+    "resolve_token",
+    "token_context",
+]
+
+#: How long a gate keeps "task id T applied on resource R" when the execution
+#: says nothing else: one day, Celery's default ``result_expires``.
+DEFAULT_ONCE_RETENTION = 86400.0
+
+
+@dataclass(frozen=True)
+class AppliedRecord:
+    """What a gate records with an effect, in the same atomic operation: "task *task_id* applied by *execution_id*".
+
+    A later execution of the same task id (a re-delivered copy, a retry) that
+    reaches the same gate and resource finds the record and does not apply
+    again (:class:`~celery_fencing.AlreadyAppliedError`). The record expires
+    after *retention* seconds of the store's own clock.
+    """
+
+    task_id: str
+    execution_id: str
+    retention: float
 
 
 @dataclass
@@ -35,6 +64,18 @@ class Execution:
     task_id: str | None = None
     abort_on_session_loss: bool = False
     session_lost: threading.Event = field(default_factory=threading.Event)
+    #: Exactly once: gates record this execution's task id with every effect of its token.
+    once: bool = False
+    #: Seconds the gates keep the record (with ``once``).
+    once_retention: float = DEFAULT_ONCE_RETENTION
+    #: Names this execution in applied records: two executions of one task id never share it.
+    execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def applied_record(self) -> AppliedRecord | None:
+        """The record a gate writes with this execution's effects, or ``None`` without exactly-once."""
+        if not self.once or not self.task_id:
+            return None
+        return AppliedRecord(self.task_id, self.execution_id, self.once_retention)
 
 
 _current: ContextVar[Execution | None] = ContextVar("celery_fencing_current_execution", default=None)
@@ -43,6 +84,19 @@ _current: ContextVar[Execution | None] = ContextVar("celery_fencing_current_exec
 def current_execution() -> Execution | None:
     """Return the fenced execution in progress in this context, or ``None``."""
     return _current.get()
+
+
+def applied_record(token: FencingToken) -> AppliedRecord | None:
+    """The applied record a gate must write with an effect of *token*, or ``None``.
+
+    Only the current execution's own token carries its task id: a token passed
+    explicitly for something else (another resource, an operator's repair)
+    records nothing.
+    """
+    execution = _current.get()
+    if execution is None or not execution.once or execution.token != token:
+        return None
+    return execution.applied_record()
 
 
 def current_token() -> FencingToken | None:

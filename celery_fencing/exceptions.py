@@ -11,6 +11,7 @@ whole family with one ``except`` clause::
      |    +-- InvalidArgumentError    a gate argument besides the token (key, value, expiry, ...)
      +-- StaleTokenError              a gate refused a token below its high-water mark
      |    +-- StaleETagError          a conditional HTTP write got 412: the resource changed since it was read
+     +-- AlreadyAppliedError          another execution of the same task id already applied this effect
      +-- TokenUnavailableError        the grantor could not mint a token in time
      +-- LeaseLostError               an exclusive lease ended while it was held
      +-- GateUnavailableError         the storage behind a gate could not be reached
@@ -25,6 +26,7 @@ exception serialisation (which rebuilds an exception as ``cls(*args)``).
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyAppliedError",
     "EffectPendingError",
     "FencingConfigurationError",
     "FencingError",
@@ -199,6 +201,41 @@ class StaleETagError(StaleTokenError):
         self.url = url
         self.etag = etag
         self.current_etag = current_etag
+
+
+class AlreadyAppliedError(FencingError):
+    """Another execution of the same task id already applied its effect on this resource at this store.
+
+    Nothing was written: the gate found the record "task id T applied on
+    resource R by execution E" that the first execution wrote in the same
+    atomic operation as its effect. It is not a :class:`StaleTokenError` on
+    purpose: a stale-token policy would redo the task, which is the double
+    apply this error prevents. A fenced task that meets it ends as done
+    (see the exactly-once section of the Celery docs).
+
+    ``superseded`` is true when this execution's token is also below the
+    resource's mark: a newer execution holds the resource and finishes the
+    task. When false, this execution is the newest, and the one that applied
+    the effect is gone (it failed, was retried, or died before finishing).
+    ``high_water`` is the mark when the store reports it.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        resource: str | None = None,
+        task_id: str | None = None,
+        superseded: bool = False,
+        high_water: int | None = None,
+    ) -> None:
+        if not message:
+            message = f"task {task_id} was already applied on resource {resource!r} by another execution"
+        super().__init__(message)
+        self.resource = resource
+        self.task_id = task_id
+        self.superseded = superseded
+        self.high_water = high_water
 
 
 class TokenUnavailableError(FencingError):

@@ -15,6 +15,11 @@ What is observed, and where from:
                                           (``phase="claim"``) or write (``"body"``) was
                                           refused, or no token could be had (``"mint"``);
                                           ``action`` is what the policy did
+``duplicates_prevented_total{task,phase,  ``duplicate_prevented``: an execution found its
+action}``                                 task id already applied (exactly once) at its
+                                          claim, a write (``"body"``) or its seal, and
+                                          applied nothing again; ``action`` is ``ignore``
+                                          or ``done`` (the newest execution finished it)
 ``results_dropped_total{task,state}``     ``result_dropped`` (the fenced result backend)
 ``session_state_changes_total{state}``    ``session_state_changed`` (SUSPENDED, LOST)
 ``gate_operations_total{task,gate,        gates wrapped in :class:`MeteredGate`: every
@@ -73,6 +78,8 @@ class _Observer:
 
     def rejected(self, task: str, phase: str, action: str, resource: str, error: BaseException | None) -> None: ...
 
+    def duplicate(self, task: str, phase: str, action: str) -> None: ...
+
     def dropped(self, task: str, state: str, reason: str) -> None: ...
 
     def session(self, state: str) -> None: ...
@@ -107,6 +114,10 @@ def _on_rejected(
     _each(lambda o: o.rejected(_task_name(sender), str(phase), str(action), str(resource or ""), error))
 
 
+def _on_duplicate(sender: Any = None, phase: Any = None, action: Any = None, **_: Any) -> None:
+    _each(lambda o: o.duplicate(_task_name(sender), str(phase), str(action)))
+
+
 def _on_dropped(sender: Any = None, task_id: Any = None, state: Any = None, reason: Any = None, **_: Any) -> None:
     # The sender is the backend; the task's name is known only inside the task.
     task = _current_task_name()
@@ -124,6 +135,7 @@ def _connect_signals() -> None:
     for signal, receiver in (
         (signals.token_minted, _on_minted),
         (signals.fencing_rejected, _on_rejected),
+        (signals.duplicate_prevented, _on_duplicate),
         (signals.result_dropped, _on_dropped),
         (signals.session_state_changed, _on_session),
     ):
@@ -179,6 +191,12 @@ class PrometheusMetrics(_Observer):
             ("task", "phase", "action", *extra),
             **common,
         )
+        self.duplicates_prevented = Counter(
+            "duplicates_prevented",
+            "Executions that found their task id already applied and applied nothing again (exactly once).",
+            ("task", "phase", "action"),
+            **common,
+        )
         self.results_dropped = Counter(
             "results_dropped", "Result writes the fenced result backend dropped.", ("task", "state"), **common
         )
@@ -198,6 +216,7 @@ class PrometheusMetrics(_Observer):
             self.tokens_minted,
             self.mint_duration,
             self.rejections,
+            self.duplicates_prevented,
             self.results_dropped,
             self.session_state_changes,
             self.gate_operations,
@@ -214,6 +233,9 @@ class PrometheusMetrics(_Observer):
 
     def rejected(self, task: str, phase: str, action: str, resource: str, error: BaseException | None) -> None:
         self.rejections.labels(task, phase, action, *self._extra(resource)).inc()
+
+    def duplicate(self, task: str, phase: str, action: str) -> None:
+        self.duplicates_prevented.labels(task, phase, action).inc()
 
     def dropped(self, task: str, state: str, reason: str) -> None:
         self.results_dropped.labels(task, state).inc()
@@ -307,6 +329,11 @@ class _OpenTelemetry(_Observer):
         span.set_attribute("fencing.rejected", True)
         span.set_attribute("fencing.phase", phase)
         span.add_event("fencing.rejected", attributes)
+
+    def duplicate(self, task: str, phase: str, action: str) -> None:
+        span = self._span()
+        if span is not None:
+            span.add_event("fencing.duplicate_prevented", {"fencing.phase": phase, "fencing.action": action})
 
     def dropped(self, task: str, state: str, reason: str) -> None:
         span = self._span()

@@ -6,11 +6,14 @@ having the methods, not by inheriting. The Celery layer depends only on these.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .token import FencingToken
 
-__all__ = ["Gate", "TokenSource", "TokenVerifier"]
+if TYPE_CHECKING:
+    from .context import Execution
+
+__all__ = ["FencedResultStore", "Gate", "TokenSource", "TokenVerifier"]
 
 
 @runtime_checkable
@@ -86,4 +89,22 @@ class TokenVerifier(Protocol):
     def verify(self, token: FencingToken) -> None:
         """Return if *token* may be used, else raise :class:`~celery_fencing.ForgedTokenError`
         (or :class:`~celery_fencing.GrantorMismatchError`)."""
+        ...
+
+
+@runtime_checkable
+class FencedResultStore(Protocol):
+    """A Celery result backend that fences its result writes (``fenced+redis://``).
+
+    A fenced task claims its result when it starts, and seals it when its body
+    has returned, before Celery sends the task's callbacks: the first
+    execution of a task id to seal is the one whose result stands.
+    """
+
+    def claim_result(self, task_id: str, token: FencingToken) -> None:
+        """Raise the result's mark; ``AlreadyAppliedError`` when another execution sealed the task."""
+        ...
+
+    def seal_result(self, task_id: str, execution: Execution) -> None:
+        """Make *execution* the one whose result stands; ``AlreadyAppliedError`` when another sealed first."""
         ...

@@ -34,71 +34,18 @@ from typing import Any
 
 from celery import states
 from celery.backends.redis import RedisBackend
+from redis.exceptions import ResponseError
 
-from ..exceptions import GrantorMismatchError, StaleTokenError
+from ..context import Execution
+from ..exceptions import AlreadyAppliedError, GateUnavailableError, GrantorMismatchError, StaleTokenError
 from ..gates.redis import ScriptCall
+from ..gates.redis_scripts import CLAIM_RESULT_SCRIPT, SEAL_RESULT_SCRIPT, WRITE_RESULT_SCRIPT, parse_refusal
 from ..token import FencingToken, fixed_width
 from . import signals
 
 __all__ = ["FencedRedisBackend"]
 
 logger = logging.getLogger("celery_fencing")
-
-# Write a task result under the fence.
-# KEYS[1] result key, KEYS[2] fence hash
-# ARGV[1] encoded meta, ARGV[2] token as 20 digits or "" for none, ARGV[3] resource or "",
-# ARGV[4] state, ARGV[5] "1" when the state is final, ARGV[6] expiry in seconds ("0": none),
-# ARGV[7] grantor id of the token or ""
-# returns {1} written; {0, reason, mark} dropped
-WRITE_RESULT = """
-local fence = redis.call('HMGET', KEYS[2], 'mark', 'resource', 'final', 'state', 'grantor')
-local mark, owner, final, state, grantor = fence[1], fence[2], fence[3], fence[4], fence[5]
-if ARGV[2] == '' then
-  if mark and final == '1' then return {0, 'tokenless write over a final result written with a token', mark} end
-  if state == 'SUCCESS' then return {0, 'tokenless write over SUCCESS', mark or ''} end
-else
-  if owner and owner ~= ARGV[3] then
-    return {0, 'token of resource ' .. ARGV[3] .. ' for a result of ' .. owner, mark}
-  end
-  if grantor and ARGV[7] ~= '' and grantor ~= ARGV[7] then
-    return {0, 'token of grantor ' .. ARGV[7] .. ' for a result fenced by grantor ' .. grantor, mark or ''}
-  end
-  if mark and ARGV[2] < mark then return {0, 'stale token', mark} end
-  redis.call('HSET', KEYS[2], 'mark', ARGV[2], 'resource', ARGV[3])
-  if ARGV[7] ~= '' and not grantor then redis.call('HSET', KEYS[2], 'grantor', ARGV[7]) end
-end
-redis.call('HSET', KEYS[2], 'state', ARGV[4], 'final', ARGV[5])
-local ttl = tonumber(ARGV[6])
-if ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-redis.call('PUBLISH', KEYS[1], ARGV[1])
-return {1}
-"""
-
-# Raise a result's mark when a fenced execution starts.
-# KEYS[1] fence hash; ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ("0": none),
-# ARGV[4] grantor id of the token or ""
-# returns {1} claimed; {0, reason, mark} refused; {0, reason, mark, grantor} refused for another grantor
-CLAIM_RESULT = """
-local fence = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor')
-local mark, owner, grantor = fence[1], fence[2], fence[3]
-if owner and owner ~= ARGV[2] then
-  return {0, 'token of resource ' .. ARGV[2] .. ' for a result of ' .. owner, mark}
-end
-if grantor and ARGV[4] ~= '' and grantor ~= ARGV[4] then
-  return {0, 'token of grantor ' .. ARGV[4] .. ' for a result fenced by grantor ' .. grantor, mark or '', grantor}
-end
-if mark and ARGV[1] < mark then return {0, 'stale token', mark} end
-redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'resource', ARGV[2])
-if ARGV[4] ~= '' and not grantor then redis.call('HSET', KEYS[1], 'grantor', ARGV[4]) end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
-return {1}
-"""
 
 
 def bytes_to_str(value: Any) -> str:
@@ -110,6 +57,21 @@ def _token_of(request: Any) -> FencingToken | None:
     return token if isinstance(token, FencingToken) else None
 
 
+def _execution_id_of(request: Any) -> str:
+    execution = getattr(request, "fencing_execution", None) if request is not None else None
+    # '-' is never an execution id: a writer without one never matches a seal.
+    return execution.execution_id if isinstance(execution, Execution) else "-"
+
+
+# Why a result write was dropped, by the script's refusal kind.
+_DROP_REASONS = {
+    "stale": "stale token",
+    "applied": "another execution of the task sealed it",
+    "superseded": "another execution of the task sealed it",
+    "corrupt": "the fence hash holds no valid mark",
+}
+
+
 class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
     """Redis result backend whose writes are checked against the task's fencing token."""
 
@@ -117,15 +79,21 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._scripts: tuple[int, Any, Any] | None = None
+        self._scripts: tuple[int, Any, Any, Any] | None = None
 
-    def _registered(self) -> tuple[Any, Any]:
+    def _registered(self) -> tuple[Any, Any, Any]:
+        """The write, claim and seal scripts, bound to the current client."""
         # register_script binds to a client; the backend's client is rebuilt per
         # process (it is a cached property), so bind lazily and rebind on change.
         client = self.client
         if self._scripts is None or self._scripts[0] != id(client):
-            self._scripts = (id(client), client.register_script(WRITE_RESULT), client.register_script(CLAIM_RESULT))
-        return self._scripts[1], self._scripts[2]
+            self._scripts = (
+                id(client),
+                client.register_script(WRITE_RESULT_SCRIPT),
+                client.register_script(CLAIM_RESULT_SCRIPT),
+                client.register_script(SEAL_RESULT_SCRIPT),
+            )
+        return self._scripts[1], self._scripts[2], self._scripts[3]
 
     def _add_global_keyprefix(self) -> None:
         # Celery prefixes its own key kinds with result_backend_transport_options'
@@ -149,11 +117,12 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         """Raise the result's mark to *token* at the start of a fenced execution.
 
         :raises StaleTokenError: a newer execution of this task already claimed or wrote.
+        :raises AlreadyAppliedError: another execution of this task sealed it: the task is done.
         :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
-        _, claim = self._registered()
-        reply = self.ensure(claim, ([self.get_key_for_fence(task_id)], self._claim_args(token)))
-        self._check_claim(reply, task_id, token)
+        _, claim, _ = self._registered()
+        keys, args = [self.get_key_for_fence(task_id)], self._claim_args(token)
+        self._check_reply(self._call(claim, keys, args), task_id, token)
 
     def claim_result_call(self, task_id: str, token: FencingToken) -> ScriptCall:
         """:meth:`claim_result`, prepared to share a round trip with a gate's claim on the same Redis.
@@ -161,14 +130,14 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         A fenced task sends it with its gates' claims (:func:`~celery_fencing.gates.redis.run_script_calls`);
         when the batch gives no usable reply, :meth:`claim_result` runs instead, with Celery's retries.
         """
-        _, claim = self._registered()
+        _, claim, _ = self._registered()
 
         def check(reply: Any) -> None:
-            if isinstance(reply, Exception):
+            if isinstance(reply, ResponseError) and parse_refusal(str(reply)) is None:
                 # A command error the unbatched call would have raised: let it raise it.
                 self.claim_result(task_id, token)
             else:
-                self._check_claim(reply, task_id, token)
+                self._check_reply(reply, task_id, token)
 
         return ScriptCall(
             self.client,
@@ -179,25 +148,72 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             lambda: self.claim_result(task_id, token),
         )
 
+    def seal_result(self, task_id: str, execution: Execution) -> None:
+        """Mark *execution* as the one whose result stands, when its body has returned.
+
+        A fenced task with exactly-once calls it after its body and before
+        Celery sends the task's callbacks (a chain's next step is sent before
+        the result is stored). The first execution of a task id to seal wins,
+        whatever the order of the tokens: the execution that finished its body
+        has applied its effects. Its result write is then accepted; every
+        other execution's is dropped.
+
+        :raises AlreadyAppliedError: another execution of this task sealed first.
+        :raises GrantorMismatchError: the result is fenced by another grantor's token.
+        """
+        _, _, seal = self._registered()
+        token = execution.token
+        args = [*self._claim_args(token), execution.execution_id]
+        self._check_reply(self._call(seal, [self.get_key_for_fence(task_id)], args), task_id, token)
+
+    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """Run *script* with Celery's connection retries; a refusal comes back as its ResponseError."""
+        try:
+            return self.ensure(script, (keys, args))
+        except ResponseError as exc:
+            if parse_refusal(str(exc)) is None:
+                raise
+            return exc
+
     def _claim_args(self, token: FencingToken) -> list[Any]:
         return [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
 
-    def _check_claim(self, reply: Any, task_id: str, token: FencingToken) -> None:
-        if int(reply[0]) != 1:
-            if len(reply) > 3:
-                raise GrantorMismatchError(
-                    f"result of task {task_id}: {bytes_to_str(reply[1])}",
-                    resource=token.resource,
-                    token_grantor=token.grantor,
-                    expected_grantor=bytes_to_str(reply[3]),
-                )
-            mark = bytes_to_str(reply[2]) if len(reply) > 2 and reply[2] else None
-            raise StaleTokenError(
-                f"result of task {task_id} is fenced by a newer execution ({bytes_to_str(reply[1])})",
+    def _check_reply(self, reply: Any, task_id: str, token: FencingToken) -> None:
+        """Raise what a claim's or seal's refusal means; return on success."""
+        refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
+        if refusal is None:
+            if isinstance(reply, Exception):
+                raise GateUnavailableError(f"fenced result backend failed: {reply}", gate="FencedRedisBackend")
+            return
+        kind, detail = refusal
+        mark = int(detail) if detail.isdigit() else None
+        if kind in ("applied", "superseded"):
+            raise AlreadyAppliedError(
+                f"task {task_id} is done: another execution of it sealed its result",
                 resource=token.resource,
-                token=token.value,
-                high_water=int(mark) if mark else None,
+                task_id=task_id,
+                superseded=kind == "superseded",
+                high_water=mark,
             )
+        if kind == "grantor":
+            raise GrantorMismatchError(
+                f"result of task {task_id}: token of grantor {token.grantor} for a result fenced by grantor {detail}",
+                resource=token.resource,
+                token_grantor=token.grantor,
+                expected_grantor=detail,
+            )
+        if kind == "owner":
+            reason = f"token of resource {token.resource} for a result of {detail}"
+        elif kind == "corrupt":
+            reason = "the fence hash holds no valid mark"
+        else:
+            reason = "stale token"
+        raise StaleTokenError(
+            f"result of task {task_id} is fenced by a newer execution ({reason})",
+            resource=token.resource,
+            token=token.value,
+            high_water=mark,
+        )
 
     def _store_result(
         self,
@@ -212,7 +228,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         meta["task_id"] = bytes_to_str(task_id)
         encoded = self.encode(meta)
         token = _token_of(request)
-        write, _ = self._registered()
+        write, _, _ = self._registered()
         keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id)]
         args = [
             encoded,
@@ -222,12 +238,22 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             "1" if state in states.READY_STATES else "0",
             self._expiry(state),
             (token.grantor or "") if token else "",
+            _execution_id_of(request) if token else "-",
         ]
-        reply = self.ensure(write, (keys, args))
-        if int(reply[0]) != 1:
-            reason = bytes_to_str(reply[1])
-            mark_text = bytes_to_str(reply[2]) if len(reply) > 2 and reply[2] else ""
-            high_water = int(mark_text) if mark_text else None
+        reply = self._call(write, keys, args)
+        refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
+        if refusal is not None:
+            kind, detail = refusal
+            if kind == "tokenless":
+                reason = f"tokenless write {detail}"
+            elif kind == "owner":
+                reason = f"token of resource {token.resource if token else None} for a result of {detail}"
+            elif kind == "grantor":
+                grantor = token.grantor if token else None
+                reason = f"token of grantor {grantor} for a result fenced by grantor {detail}"
+            else:
+                reason = _DROP_REASONS.get(kind, kind)
+            high_water = int(detail) if detail.isdigit() else None
             logger.warning(
                 "dropped %s result of task %s: %s (token %s, high-water mark %s)",
                 state,

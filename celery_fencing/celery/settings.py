@@ -19,7 +19,7 @@ from typing import Any
 from ..exceptions import FencingConfigurationError
 from ..policies import POLICY_NAMES
 
-__all__ = ["SETTINGS", "FencingSettings", "Setting", "read_settings"]
+__all__ = ["SETTINGS", "FencingSettings", "Setting", "read_settings", "redelivery_horizon"]
 
 MODES = ("token", "exclusive")
 
@@ -167,6 +167,23 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting(
+        "fencing_once",
+        True,
+        _flag,
+        "Exactly once per task id: gates record each task id with its effects, and a re-delivered or "
+        "retried copy of a task that was applied does not apply again (true or false; the task option "
+        "fencing_once overrides it).",
+        metavar="BOOL",
+    ),
+    Setting(
+        "fencing_once_retention",
+        None,
+        _positive_float,
+        "Seconds the gates keep a task id's applied record. Unset: result_expires (1 day by default), "
+        "and never less than the broker's re-delivery horizon (visibility_timeout, 30 min for RabbitMQ).",
+        metavar="SECONDS",
+    ),
+    Setting(
         "fencing_abort_on_session_loss",
         False,
         _flag,
@@ -194,6 +211,8 @@ class FencingSettings:
     allow_volatile_source: bool
     lease_reuse: float
     lock_delay: float
+    once: bool
+    once_retention: float
     abort_on_session_loss: bool
 
 
@@ -212,7 +231,47 @@ def read_settings(conf: Any) -> FencingSettings:
             f"fencing_lease_reuse ({values['lease_reuse']}) must be below fencing_timeout ({values['timeout']}): "
             "other processes wait up to that long for a kept lease"
         )
+    horizon = redelivery_horizon(conf)
+    if values["once_retention"] is None:
+        values["once_retention"] = max(_seconds(conf.get("result_expires", _DEFAULT_RESULT_EXPIRES)), horizon)
+    elif values["once_retention"] < horizon:
+        raise FencingConfigurationError(
+            f"fencing_once_retention ({values['once_retention']:g}s) must not be shorter than the broker's "
+            f"re-delivery horizon ({horizon:g}s): a copy re-delivered after its record expired would apply again"
+        )
     return FencingSettings(**values)
+
+
+#: Celery's default ``result_expires``: one day.
+_DEFAULT_RESULT_EXPIRES = 86400.0
+#: RabbitMQ's default ``consumer_timeout`` (30 minutes): past it the broker closes the
+#: channel of a consumer that holds an unacknowledged message, and re-delivers it.
+RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+#: kombu's default Redis ``visibility_timeout`` (one hour).
+REDIS_VISIBILITY_TIMEOUT = 3600.0
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    total = getattr(value, "total_seconds", None)
+    return float(total()) if callable(total) else float(value)
+
+
+def redelivery_horizon(conf: Any) -> float:
+    """The longest time after which the app's broker may deliver a message again, in seconds.
+
+    Redis, SQS and the other virtual transports re-deliver after their
+    ``visibility_timeout``; RabbitMQ when a consumer exceeds ``consumer_timeout``.
+    """
+    options = conf.get("broker_transport_options") or {}
+    visibility = options.get("visibility_timeout")
+    broker = str(conf.get("broker_url") or "")
+    if visibility is not None:
+        return max(_seconds(visibility), 0.0)
+    if broker.startswith(("amqp", "pyamqp", "rabbitmq")):
+        return RABBITMQ_CONSUMER_TIMEOUT
+    return REDIS_VISIBILITY_TIMEOUT
 
 
 def setting(name: str) -> Setting:

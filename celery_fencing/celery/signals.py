@@ -12,6 +12,10 @@ signal                     sent with
 ``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
                            ``high_water``, ``error``, ``action`` (retry/ignore/...),
                            ``phase`` (mint, claim or body)
+``duplicate_prevented``    ``sender`` task, ``task_id``, ``resource``, ``phase``
+                           (claim, body or seal), ``action`` (ignore, or done for
+                           the newest execution, which finishes the task),
+                           ``error`` (the :class:`~celery_fencing.AlreadyAppliedError`)
 ``result_dropped``         ``sender`` backend, ``task_id``, ``state``, ``token``,
                            ``high_water``, ``reason``
 ``session_state_changed``  ``sender`` token source, ``state`` (CONNECTED,
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["fencing_rejected", "result_dropped", "session_state_changed", "token_minted"]
+__all__ = ["duplicate_prevented", "fencing_rejected", "result_dropped", "session_state_changed", "token_minted"]
 
 token_minted = Signal(name="token_minted", providing_args={"task_id", "token", "mode", "duration"})
 fencing_rejected = Signal(
     name="fencing_rejected",
     providing_args={"task_id", "resource", "token", "high_water", "error", "action", "phase"},
+)
+duplicate_prevented = Signal(
+    name="duplicate_prevented", providing_args={"task_id", "resource", "phase", "action", "error"}
 )
 result_dropped = Signal(name="result_dropped", providing_args={"task_id", "state", "token", "high_water", "reason"})
 session_state_changed = Signal(name="session_state_changed", providing_args={"state", "task_ids"})

@@ -17,6 +17,13 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    the body never runs unfenced. So is an
    :class:`~celery_fencing.EffectPendingError` from the body (an idempotency
    key claimed by another execution that has recorded no outcome yet).
+4. Exactly once (``fencing_once``, on by default): every gated write of the
+   execution records its task id in the same atomic operation. A later
+   execution of the same task id that meets the record gets
+   :class:`~celery_fencing.AlreadyAppliedError` and ends as done: it applies
+   nothing again. When the body returns, the execution **seals** the task on
+   a fenced result backend, before Celery sends the callbacks: the first
+   execution to seal is the one whose result stands and whose chain goes on.
 
 Task options (class attributes, or keyword arguments of ``@app.task``):
 
@@ -37,6 +44,10 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
     failed instead of releasing it (Chubby's lock-delay; default: the
     ``fencing_lock_delay`` setting, 0). The task waits it out in place: its
     lease timeout is ``fencing_timeout`` plus the delay.
+``fencing_once``
+    ``True`` (default: the ``fencing_once`` setting, on) to apply each task id
+    once; ``False`` for tasks whose effects are meant to repeat when the same
+    message runs again.
 ``fencing_max_retries``, ``fencing_retry_countdown``, ``fencing_retry_backoff_factor``,
 ``fencing_retry_max_delay``, ``fencing_retry_jitter``
     Per-task overrides of the settings of the same name.
@@ -57,6 +68,7 @@ from celery.exceptions import Ignore, Reject
 
 from ..context import Execution, token_context
 from ..exceptions import (
+    AlreadyAppliedError,
     EffectPendingError,
     FencingConfigurationError,
     FencingError,
@@ -67,7 +79,7 @@ from ..exceptions import (
     TokenUnavailableError,
 )
 from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleState, decide, policy_from_setting
-from ..protocols import Gate
+from ..protocols import FencedResultStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
@@ -85,6 +97,7 @@ TASK_OPTIONS = frozenset(
         "fencing_gates",
         "fencing_mode",
         "fencing_lock_delay",
+        "fencing_once",
         "fencing_max_retries",
         "fencing_retry_countdown",
         "fencing_retry_backoff_factor",
@@ -120,6 +133,7 @@ class FencedTask(Task):  # type: ignore[misc]
     fencing_gates: ClassVar[Sequence[Gate] | Callable[[], Sequence[Gate]]] = ()
     fencing_mode: ClassVar[str | None] = None
     fencing_lock_delay: ClassVar[float | None] = None
+    fencing_once: ClassVar[bool | None] = None
     fencing_max_retries: ClassVar[int | None] = None
     fencing_retry_countdown: ClassVar[float | None] = None
     fencing_retry_backoff_factor: ClassVar[float | None] = None
@@ -239,7 +253,14 @@ class FencedTask(Task):  # type: ignore[misc]
                 token = (transient or source.mint)(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
-        execution = Execution(token, task_id=request.id, abort_on_session_loss=settings.abort_on_session_loss)
+        once = self._option("once", settings)
+        execution = Execution(
+            token,
+            task_id=request.id,
+            abort_on_session_loss=settings.abort_on_session_loss,
+            once=once,
+            once_retention=settings.once_retention,
+        )
         request.fencing_token = token
         request.fencing_execution = execution
         runtime.track(execution)
@@ -252,6 +273,10 @@ class FencedTask(Task):  # type: ignore[misc]
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
             self._claim(runtime, token, request, batch=resource_is_task_id)
+        except AlreadyAppliedError as exc:
+            # The task was sealed by another execution: it is done, nothing to run.
+            self._end(execution, keep_lease=False)
+            self._already_applied(exc, resource, phase="claim", finish=False)
         except _FENCED_OUT as exc:
             self._end(execution, keep_lease=False)
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
@@ -334,7 +359,16 @@ class FencedTask(Task):  # type: ignore[misc]
         keep_lease = True
         try:
             with token_context(execution):
-                return super().__call__(*args, **kwargs)
+                result = super().__call__(*args, **kwargs)
+            self._seal(execution)
+            return result
+        except AlreadyAppliedError as exc:
+            keep_lease = False
+            # Superseded: a newer execution holds the resource and finishes the task. Else
+            # this is the newest execution and the one that applied is gone: finish the task.
+            self._already_applied(exc, execution.token.resource, phase="body", finish=not exc.superseded)
+            self._seal(execution)
+            return None
         except _FENCED_OUT as exc:
             keep_lease = False
             self._fenced_out(
@@ -362,6 +396,42 @@ class FencedTask(Task):  # type: ignore[misc]
             raise
         finally:
             self._end(execution, keep_lease=keep_lease)
+
+    def _seal(self, execution: Execution) -> None:
+        """Seal the task on a fenced result backend, before Celery sends its callbacks.
+
+        :raises Ignore: another execution of the task sealed first; its result stands.
+        """
+        backend = self.backend
+        if not execution.once or not isinstance(backend, FencedResultStore) or not execution.task_id:
+            return
+        try:
+            backend.seal_result(execution.task_id, execution)
+        except AlreadyAppliedError as exc:
+            self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
+
+    def _already_applied(self, exc: AlreadyAppliedError, resource: str, *, phase: str, finish: bool) -> None:
+        """Report a duplicate prevented; raise ``Ignore`` unless this execution is to *finish* the task.
+
+        *finish* is for the newest execution: the one that applied is gone
+        (failed, retried, died), so this one ends the task as done, with no
+        return value, instead of leaving it unfinished.
+        """
+        action = "done" if finish else "ignore"
+        request = self.request
+        logger.info(
+            "task %s[%s] already applied on %r by another execution (at %s): not applied again -> %s",
+            self.name,
+            request.id,
+            resource,
+            phase,
+            action,
+        )
+        signals.duplicate_prevented.send(
+            sender=self, task_id=request.id, resource=resource, phase=phase, action=action, error=exc
+        )
+        if not finish:
+            raise Ignore(str(exc))
 
     def _end(self, execution: Execution, *, keep_lease: bool) -> None:
         """Forget the execution; release its lease, or keep it for the next task (``fencing_lease_reuse``)."""

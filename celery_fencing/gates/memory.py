@@ -4,6 +4,11 @@ It implements exactly what the Redis and SQL gates implement, with a lock
 standing in for the storage's atomicity, so code that uses gates can be tested
 without a server. It shares nothing across processes.
 
+Exactly once: inside a fenced execution with ``once``, every write records
+its task id on the resource; another execution of the same task id is then
+refused with :class:`~celery_fencing.AlreadyAppliedError` until the record
+expires (on ``time.monotonic``).
+
 Grantors: each mark remembers the grantor of the tokens that set it; a token
 of another grantor raises :class:`~celery_fencing.GrantorMismatchError` and
 changes nothing. A mark without a grantor adopts the first one that passes it.
@@ -12,10 +17,11 @@ changes nothing. A mark without a grantor adopts the first one that passes it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
-from ..context import resolve_token
-from ..exceptions import InvalidArgumentError, ResourceMismatchError, StaleTokenError
+from ..context import AppliedRecord, applied_record, resolve_token
+from ..exceptions import AlreadyAppliedError, InvalidArgumentError, ResourceMismatchError, StaleTokenError
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
 
@@ -36,9 +42,11 @@ class MemoryGate:
         self._grantors: dict[str, str] = {}
         self._owners: dict[str, str] = {}
         self._data: dict[str, Any] = {}
+        # (resource, task id) -> (execution id, expiry on time.monotonic())
+        self._applied: dict[tuple[str, str], tuple[str, float]] = {}
 
-    def _advance(self, token: FencingToken, key: str | None) -> None:
-        # Caller holds the lock: check owner and mark, then raise the mark.
+    def _advance(self, token: FencingToken, key: str | None, record: AppliedRecord | None = None) -> None:
+        # Caller holds the lock: check owner, grantor, applied record and mark, then raise the mark.
         if key is not None:
             owner = self._owners.get(key)
             if owner is not None and owner != token.resource:
@@ -49,13 +57,40 @@ class MemoryGate:
                 )
         check_grantor(token, self._grantors.get(token.resource))
         mark = self._marks.get(token.resource)
+        now = time.monotonic()
+        if record is not None:
+            applied = self._applied.get((token.resource, record.task_id))
+            if applied is not None and applied[1] > now and applied[0] != record.execution_id:
+                raise AlreadyAppliedError(
+                    resource=token.resource,
+                    task_id=record.task_id,
+                    superseded=mark is not None and token.value < mark,
+                    high_water=mark,
+                )
         if mark is not None and token.value < mark:
             raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
+        if record is not None:
+            self._applied[(token.resource, record.task_id)] = (record.execution_id, now + record.retention)
+            self._expire_records(now)
         self._marks[token.resource] = token.value
         if token.grantor is not None:
             self._grantors[token.resource] = token.grantor
         if key is not None:
             self._owners[key] = token.resource
+
+    def _expire_records(self, now: float) -> None:
+        # Bounded work per write: drop expired records once they outnumber the live ones' last count.
+        if len(self._applied) >= self._sweep_at:
+            self._applied = {k: v for k, v in self._applied.items() if v[1] > now}
+            self._sweep_at = max(1024, 2 * len(self._applied))
+
+    _sweep_at = 1024
+
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """The execution id recorded for *task_id* on *resource*, or ``None`` (never applied, or expired)."""
+        with self._lock:
+            entry = self._applied.get((resource, task_id))
+            return entry[0] if entry is not None and entry[1] > time.monotonic() else None
 
     def _checked(self, token: FencingToken | None) -> FencingToken:
         return resolve_token(token, verifier=self.verifier)
@@ -108,7 +143,7 @@ class MemoryGate:
         checked = self._checked(token)
         _check_key(key)
         with self._lock:
-            self._advance(checked, key)
+            self._advance(checked, key, applied_record(checked))
             self._data[key] = value
 
     def delete(self, token: FencingToken | None, key: str) -> None:
@@ -116,7 +151,7 @@ class MemoryGate:
         checked = self._checked(token)
         _check_key(key)
         with self._lock:
-            self._advance(checked, key)
+            self._advance(checked, key, applied_record(checked))
             self._data.pop(key, None)
 
     def get(self, key: str) -> Any:

@@ -9,7 +9,8 @@ The story it prevents::
 
 Every write is one Lua script (``EVALSHA``; redis-py reloads it on ``NOSCRIPT``)
 that checks the token and writes the data atomically, so no other command can
-run between the check and the write.
+run between the check and the write. The scripts and their one fence check
+live in :mod:`celery_fencing.gates.redis_scripts`.
 
 Key layout, for a gate with ``prefix="fencing"``:
 
@@ -20,8 +21,18 @@ Key layout, for a gate with ``prefix="fencing"``:
                                     until a token with a grantor passes the mark)
 ``fencing:owner:<key>``             the resource a data key is bound to, set on
                                     the key's first gated write, never removed
+``fencing:applied:<resource>:<id>`` the execution of task ``<id>`` that applied
+                                    on the resource (exactly once; expires after
+                                    the execution's retention)
 ``<key>``                           your data, untouched by the gate's naming
 ==================================  ==============================================
+
+Exactly once: inside a fenced task (``fencing_once``, on by default), every
+gated write also records "task id T applied on resource R by execution E" in
+the same script. Another execution of T that writes R afterwards (a
+re-delivered copy, the retry of a refused copy) is refused with
+:class:`~celery_fencing.AlreadyAppliedError` and changes nothing. The checks
+run in one order: owner, grantor, applied, stale.
 
 Marks are compared as equal-width digit strings, never as Lua numbers: Lua
 numbers are doubles, exact only below 2**53 (2**53 + 1 compares equal to
@@ -71,8 +82,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..context import resolve_token
+from ..context import AppliedRecord, applied_record, resolve_token
 from ..exceptions import (
+    AlreadyAppliedError,
     FencingConfigurationError,
     GateUnavailableError,
     GrantorMismatchError,
@@ -82,17 +94,21 @@ from ..exceptions import (
 )
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, validate_resource
+from .redis_scripts import (
+    CLAIM_SCRIPT,
+    DELETE_SCRIPT,
+    EVAL_SCRIPT_TEMPLATE,
+    HSET_SCRIPT,
+    RESET_SCRIPT,
+    SET_SCRIPT,
+    parse_refusal,
+)
 
 __all__ = [
-    "CLAIM_SCRIPT",
-    "DELETE_SCRIPT",
-    "EVAL_SCRIPT_TEMPLATE",
-    "HSET_SCRIPT",
     "MARK_WIDTH",
-    "RESET_SCRIPT",
-    "SET_SCRIPT",
     "RedisGate",
     "ScriptCall",
+    "applied_key",
     "decode_mark",
     "encode_mark",
     "grantor_key",
@@ -104,171 +120,6 @@ __all__ = [
 #: Width of a stored mark: 2**63 - 1 has 19 digits, so 20 leaves room and every
 #: valid token fits. Equal width is what makes string order numeric order.
 MARK_WIDTH = 20
-
-# Lua's string comparison uses strcoll(), and Redis sets LC_COLLATE from its
-# environment; every locale orders the digits 0-9 numerically at the first
-# level, so equal-width digit strings compare as their numbers do.
-
-CLAIM_SCRIPT = """\
--- Claim: raise the resource's mark to the token unless the mark is above it.
--- KEYS[1] mark key of the token's resource
--- KEYS[2] grantor key of the token's resource
--- ARGV[1] token, a 20-digit zero-padded decimal string
--- ARGV[2] grantor id of the token, or '' for none
--- returns 1 when the mark now equals the token;
---   error replies "FENCED grantor <grantor id>" when the mark belongs to
---   another grantor, "FENCED stale <mark>" when the mark is above the token
-local state = redis.call('MGET', KEYS[1], KEYS[2])
-local mark, grantor = state[1], state[2]
-if grantor and ARGV[2] ~= '' and grantor ~= ARGV[2] then return redis.error_reply('FENCED grantor ' .. grantor) end
-if mark then
-  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
-  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
-end
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[2] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[2]) end
-return 1
-"""
-
-RESET_SCRIPT = """\
--- Operator reset (celery-fencing rebase / repair): set the mark and its
--- grantor, lower or not, if they are still what the operator read.
--- KEYS[1] mark key, KEYS[2] grantor key
--- ARGV[1] expected mark ('' for none), ARGV[2] expected grantor ('' for none)
--- ARGV[3] new mark (20 digits), ARGV[4] new grantor ('' for none)
--- returns 1 when reset; error reply "FENCED changed <mark>" when the mark moved
-local state = redis.call('MGET', KEYS[1], KEYS[2])
-if (state[1] or '') ~= ARGV[1] or (state[2] or '') ~= ARGV[2] then
-  return redis.error_reply('FENCED changed ' .. (state[1] or '-'))
-end
-redis.call('SET', KEYS[1], ARGV[3])
-if ARGV[4] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2], ARGV[4]) end
-return 1
-"""
-
-# The fence check shared by the single-key write scripts. It reads the mark and
-# the data key's owner with one MGET (one call less than two GETs, and this runs
-# on every write) and writes nothing, so a refused write changes nothing.
-_CHECK_ONE_KEY = """\
-local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
-local mark, grantor, owner = state[1], state[2], state[3]
-if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
-if grantor and ARGV[3] ~= '' and grantor ~= ARGV[3] then return redis.error_reply('FENCED grantor ' .. grantor) end
-if mark then
-  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
-  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
-end
-"""
-
-# Runs after the data command succeeded: a data command that fails (WRONGTYPE)
-# aborts the script before this, leaving the mark and owner as they were.
-# Unchanged values are not rewritten, which keeps the steady state to one
-# MGET and one data write.
-_ADVANCE_ONE_KEY = """\
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
-if not owner then redis.call('SET', KEYS[3], ARGV[2]) end
-return 1
-"""
-
-_ONE_KEY_HEADER = """\
--- KEYS[1] mark key of the token's resource
--- KEYS[2] grantor key of the token's resource
--- KEYS[3] owner key of the data key
--- KEYS[4] data key
--- ARGV[1] token, a 20-digit zero-padded decimal string
--- ARGV[2] resource of the token
--- ARGV[3] grantor id of the token, or '' for none
-"""
-
-_ONE_KEY_RETURNS = """\
--- returns 1 when written; error replies "FENCED stale <mark>" (token below
---   the mark), "FENCED grantor <grantor id>" (the mark belongs to another
---   grantor) and "FENCED owner <resource>" (the key belongs to another resource)
-"""
-
-SET_SCRIPT = (
-    "-- Gated SET.\n"
-    + _ONE_KEY_HEADER
-    + "-- ARGV[4] value\n-- ARGV[5] optional: expiry in milliseconds\n"
-    + _ONE_KEY_RETURNS
-    + _CHECK_ONE_KEY
-    + """\
-if ARGV[5] then
-  redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5])
-else
-  redis.call('SET', KEYS[4], ARGV[4])
-end
-"""
-    + _ADVANCE_ONE_KEY
-)
-
-HSET_SCRIPT = (
-    "-- Gated HSET.\n"
-    + _ONE_KEY_HEADER
-    + "-- ARGV[4 ..] field, value, field, value, ...\n"
-    + _ONE_KEY_RETURNS
-    + _CHECK_ONE_KEY
-    # unpack() is bounded by Lua's C stack: large mappings go in chunks of 500
-    # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
-    + """\
-for i = 4, #ARGV, 1000 do
-  redis.call('HSET', KEYS[4], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
-"""
-    + _ADVANCE_ONE_KEY
-)
-
-DELETE_SCRIPT = (
-    "-- Gated DEL. The key stays bound to its resource.\n"
-    + _ONE_KEY_HEADER
-    + _ONE_KEY_RETURNS
-    + _CHECK_ONE_KEY
-    + "redis.call('DEL', KEYS[4])\n"
-    + _ADVANCE_ONE_KEY
-)
-
-EVAL_SCRIPT_TEMPLATE = """\
--- Gated EVAL: the caller's Lua body runs only after the fence check passed.
--- KEYS[1] mark key of the token's resource
--- KEYS[2] grantor key of the token's resource
--- KEYS[3 .. n+2] owner keys of the caller's n data keys
--- KEYS[n+3 .. 2n+2] the caller's data keys (the body sees them as KEYS[1 .. n])
--- ARGV[1] token, a 20-digit zero-padded decimal string
--- ARGV[2] resource of the token
--- ARGV[3] grantor id of the token, or '' for none
--- ARGV[4 ..] the caller's arguments (the body sees them as ARGV[1 ..])
--- returns what the body returns; error replies "FENCED stale <mark>",
---   "FENCED grantor <grantor id>" and "FENCED owner <resource>" when the
---   check fails (the body has not run)
-local n = (#KEYS - 2) / 2
-local owners = {}
-if n > 0 then owners = redis.call('MGET', unpack(KEYS, 3, n + 2)) end
-for i = 1, n do
-  if owners[i] and owners[i] ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owners[i]) end
-end
-local state = redis.call('MGET', KEYS[1], KEYS[2])
-local mark, grantor = state[1], state[2]
-if grantor and ARGV[3] ~= '' and grantor ~= ARGV[3] then return redis.error_reply('FENCED grantor ' .. grantor) end
-if mark then
-  if #mark ~= 20 then return redis.error_reply('FENCED corrupt ' .. KEYS[1]) end
-  if mark > ARGV[1] then return redis.error_reply('FENCED stale ' .. mark) end
-end
--- Advance before the body: Redis does not undo the writes of a script that
--- fails half-way, so the mark must already cover whatever the body writes.
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
-for i = 1, n do
-  if not owners[i] then redis.call('SET', KEYS[2 + i], ARGV[2]) end
-end
-local data_keys, data_args = {}, {}
-for i = 1, n do data_keys[i] = KEYS[n + 2 + i] end
-for i = 4, #ARGV do data_args[i - 3] = ARGV[i] end
-local function body(KEYS, ARGV)
-%s
-end
-return body(data_keys, data_args)
-"""
 
 # Bodies are wrapped and hashed once per gate; the cache is bounded so a caller
 # generating bodies cannot grow it without limit.
@@ -283,6 +134,11 @@ def mark_key(prefix: str, resource: str) -> str:
 def grantor_key(prefix: str, resource: str) -> str:
     """Return the name of the key holding the grantor id of *resource*'s mark (``<prefix>:grantor:<resource>``)."""
     return f"{prefix}:grantor:{resource}"
+
+
+def applied_key(prefix: str, resource: str, task_id: str) -> str:
+    """Return the name of the key recording which execution of task *task_id* applied on *resource*."""
+    return f"{prefix}:applied:{resource}:{task_id}"
 
 
 def owner_key(prefix: str, key: str) -> str:
@@ -336,6 +192,7 @@ class RedisGate:
         self._mark_prefix = f"{prefix}:mark:"
         self._grantor_prefix = f"{prefix}:grantor:"
         self._owner_prefix = f"{prefix}:owner:"
+        self._applied_prefix = f"{prefix}:applied:"
         # register_script only hashes the source: no I/O here, and once per
         # gate rather than per call. _run sends EVALSHA and loads the source
         # again after a NOSCRIPT (SCRIPT FLUSH, a restart, a failover to a
@@ -366,8 +223,27 @@ class RedisGate:
     def _checked(self, token: FencingToken | None) -> FencingToken:
         return resolve_token(token, verifier=self.verifier)
 
-    def _fence_keys(self, token: FencingToken) -> list[str]:
+    def _mark_keys(self, token: FencingToken) -> list[str]:
         return [self._mark_prefix + token.resource, self._grantor_prefix + token.resource]
+
+    def _fence_keys(self, token: FencingToken, record: AppliedRecord | None) -> list[str]:
+        """KEYS[1..3] of a write script: mark, grantor and applied-record keys."""
+        # Without a record the script reads the applied key's slot but never writes it:
+        # the name still carries the resource, so it hashes to the resource's slot.
+        task_id = record.task_id if record is not None else ""
+        return [
+            self._mark_prefix + token.resource,
+            self._grantor_prefix + token.resource,
+            f"{self._applied_prefix}{token.resource}:{task_id}",
+        ]
+
+    @staticmethod
+    def _fence_args(token: FencingToken, record: AppliedRecord | None) -> list[Any]:
+        """ARGV[1..5] of a write script: token, resource, grantor, execution id and record retention."""
+        if record is None:
+            return [encode_mark(token.value), token.resource, _grantor_arg(token), "", 0]
+        retention_ms = max(1, round(record.retention * 1000))
+        return [encode_mark(token.value), token.resource, _grantor_arg(token), record.execution_id, retention_ms]
 
     # Gate protocol ------------------------------------------------------------
 
@@ -381,7 +257,7 @@ class RedisGate:
         """
         checked = self._checked(token)
         self._run(
-            self._claim_script, checked, self._fence_keys(checked), [encode_mark(checked.value), _grantor_arg(checked)]
+            self._claim_script, checked, self._mark_keys(checked), [encode_mark(checked.value), _grantor_arg(checked)]
         )
 
     def claim_call(self, token: FencingToken | None = None) -> ScriptCall:
@@ -390,7 +266,7 @@ class RedisGate:
         The token is resolved, validated and verified here, before any I/O.
         """
         checked = self._checked(token)
-        keys = self._fence_keys(checked)
+        keys = self._mark_keys(checked)
         args = [encode_mark(checked.value), _grantor_arg(checked)]
 
         def check(reply: Any) -> None:
@@ -428,6 +304,22 @@ class RedisGate:
         text = grantor.decode("utf-8", "replace") if isinstance(grantor, bytes) else grantor
         return Mark(resource, decode_mark(raw), text)
 
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """Return the id of the execution of *task_id* that applied on *resource*, or ``None``.
+
+        ``None`` when no execution of the task wrote through this gate with
+        exactly-once, or the record expired.
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            raw = self.client.get(f"{self._applied_prefix}{resource}:{task_id}")
+        except RedisError as exc:
+            _unavailable(exc)
+        return raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+
     def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
         """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
 
@@ -445,26 +337,32 @@ class RedisGate:
             encode_mark(checked.value),
             _grantor_arg(checked),
         ]
-        self._run(self._reset_script, checked, self._fence_keys(checked), args)
+        self._run(self._reset_script, checked, self._mark_keys(checked), args)
 
     # Gated writes -------------------------------------------------------------
 
     def set(self, token: FencingToken | None, key: str, value: Any, *, ex: float | timedelta | None = None) -> None:
         """``SET key value [PX ex]`` if the token is not stale, binding *key* to the token's resource.
 
+        Inside a fenced task with exactly-once on, the same script records the
+        execution's task id on the resource (see :class:`RedisGate`).
+
         :param value: ``bytes``, ``str``, ``int`` or ``float``, as for ``redis.Redis.set``.
         :param ex: expiry, in seconds or as a ``timedelta`` (milliseconds resolution).
         :raises StaleTokenError: the token is below the mark (nothing changed).
+        :raises AlreadyAppliedError: another execution of this task id applied on the resource (nothing changed).
         :raises ResourceMismatchError: *key* belongs to another resource (nothing changed).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
         checked = self._checked(token)
         _check_key(key)
-        args = [encode_mark(checked.value), checked.resource, _grantor_arg(checked), value]
+        record = applied_record(checked)
+        args = [*self._fence_args(checked, record), value]
         if ex is not None:
             args.append(_expiry_ms(ex))
-        self._run(self._set_script, checked, [*self._fence_keys(checked), self._owner_prefix + key, key], args)
+        keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._run(self._set_script, checked, keys, args, record)
 
     def hset(self, token: FencingToken | None, key: str, mapping: Mapping[Any, Any]) -> None:
         """``HSET key field value ...`` for every item of *mapping*, if the token is not stale.
@@ -476,12 +374,13 @@ class RedisGate:
         _check_key(key)
         if not isinstance(mapping, Mapping) or not mapping:
             raise InvalidArgumentError("hset needs a non-empty mapping")
-        args: list[Any] = [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
+        record = applied_record(checked)
+        args = self._fence_args(checked, record)
         for field, value in mapping.items():
             args.append(field)
             args.append(value)
-        keys = [*self._fence_keys(checked), self._owner_prefix + key, key]
-        self._run(self._hset_script, checked, keys, args)
+        keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._run(self._hset_script, checked, keys, args, record)
 
     def delete(self, token: FencingToken | None, key: str) -> None:
         """``DEL key`` if the token is not stale. The key stays bound to its resource.
@@ -490,10 +389,9 @@ class RedisGate:
         """
         checked = self._checked(token)
         _check_key(key)
-        keys = [*self._fence_keys(checked), self._owner_prefix + key, key]
-        self._run(
-            self._delete_script, checked, keys, [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
-        )
+        record = applied_record(checked)
+        keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._run(self._delete_script, checked, keys, self._fence_args(checked, record), record)
 
     def eval(
         self,
@@ -506,12 +404,15 @@ class RedisGate:
 
         The body sees only its own ``KEYS`` (the *keys*) and ``ARGV`` (the
         *args*), and runs in the same script as the fence check, after it. The
-        check binds every key to the token's resource. The mark and the owners
-        are advanced before the body runs: Redis does not roll back a script
-        that fails half-way, so the mark must cover whatever the body wrote
-        before an error. Write the body without a ``#!lua`` line.
+        check binds every key to the token's resource. The mark, the owners
+        and the applied record are advanced before the body runs: Redis does
+        not roll back a script that fails half-way, so they must cover
+        whatever the body wrote before an error. Write the body without a
+        ``#!lua`` line.
 
         :raises StaleTokenError: the token is below the mark (the body did not run).
+        :raises AlreadyAppliedError: another execution of this task id applied
+            on the resource (the body did not run).
         :raises ResourceMismatchError: a key belongs to another resource (the body did not run).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: Redis failed, or the body raised an error
@@ -528,11 +429,11 @@ class RedisGate:
             if len(self._bodies) >= _MAX_CACHED_BODIES:
                 self._bodies.clear()
             wrapped = self._bodies[script] = self.client.register_script(EVAL_SCRIPT_TEMPLATE % script)
-        all_keys = self._fence_keys(checked)
+        record = applied_record(checked)
+        all_keys = self._fence_keys(checked, record)
         all_keys.extend(self._owner_prefix + key for key in key_list)
         all_keys.extend(key_list)
-        fence_args = [encode_mark(checked.value), checked.resource, _grantor_arg(checked)]
-        return self._run(wrapped, checked, all_keys, [*fence_args, *args])
+        return self._run(wrapped, checked, all_keys, [*self._fence_args(checked, record), *args], record)
 
     # Reads --------------------------------------------------------------------
 
@@ -549,7 +450,9 @@ class RedisGate:
 
     # Internals ----------------------------------------------------------------
 
-    def _run(self, script: Any, token: FencingToken, keys: list[str], args: list[Any]) -> Any:
+    def _run(
+        self, script: Any, token: FencingToken, keys: list[str], args: list[Any], record: AppliedRecord | None = None
+    ) -> Any:
         # What Script.__call__ does, without its per-call tuple copies and
         # pipeline check: this path is the whole cost of a gated write above
         # the plain command, so it stays lean.
@@ -565,7 +468,7 @@ class RedisGate:
             # A value redis-py cannot encode: the caller's bug, raised before any I/O.
             raise InvalidArgumentError(f"a value redis-py cannot send: {exc}") from exc
         except RedisError as exc:
-            _raise_for(exc, token)
+            _raise_for(exc, token, record)
 
     def __repr__(self) -> str:
         return f"RedisGate({self.client!r}, prefix={self.prefix!r})"
@@ -663,17 +566,24 @@ def _server_of(client: Any, index: int) -> object:
 _AUTH_HOOKS = ("credential_provider", "redis_connect_func")
 
 
-def _raise_for(exc: RedisError, token: FencingToken) -> NoReturn:
+def _raise_for(exc: RedisError, token: FencingToken, record: AppliedRecord | None = None) -> NoReturn:
     """A script's refusal (an error reply starting ``FENCED``) as the gate's error; any other as unavailable."""
-    if isinstance(exc, ResponseError) and str(exc).startswith("FENCED "):
-        _raise_fenced(str(exc), token)
+    refusal = parse_refusal(str(exc)) if isinstance(exc, ResponseError) else None
+    if refusal is not None:
+        _raise_fenced(*refusal, token, record)
     _unavailable(exc)
 
 
-def _raise_fenced(message: str, token: FencingToken) -> NoReturn:
-    _, kind, detail = message.split(" ", 2)
+def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRecord | None) -> NoReturn:
     if kind == "stale":
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=decode_mark(detail))
+    if kind in ("applied", "superseded"):
+        raise AlreadyAppliedError(
+            resource=token.resource,
+            task_id=record.task_id if record is not None else None,
+            superseded=kind == "superseded",
+            high_water=None if detail == "-" else decode_mark(detail),
+        )
     if kind == "grantor":
         raise GrantorMismatchError(resource=token.resource, token_grantor=token.grantor, expected_grantor=detail)
     if kind == "changed":

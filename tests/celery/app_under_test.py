@@ -109,14 +109,24 @@ def task_id_token(self: Task) -> int:
     return token.value
 
 
+def _result_only(task: Task, value: str) -> str:
+    token = task.request.fencing_token
+    event("start", task.request.id, token.value, os.getpid())
+    wait_released(task.request.id, token.value)
+    event("return", task.request.id, token.value, os.getpid())
+    return f"{value}@{token.value}@{os.getpid()}"
+
+
 @app.task(bind=True, base=FencedTask)
 def result_only_job(self: Task, value: str) -> str:
-    """A long job with no gate of its own: only its result write is fenced (by the backend)."""
-    token = self.request.fencing_token
-    event("start", self.request.id, token.value, os.getpid())
-    wait_released(self.request.id, token.value)
-    event("return", self.request.id, token.value, os.getpid())
-    return f"{value}@{token.value}@{os.getpid()}"
+    """A long job with no gate of its own: only its result is fenced (by the backend), and sealed once."""
+    return _result_only(self, value)
+
+
+@app.task(bind=True, base=FencedTask, fencing_once=False)
+def result_only_job_repeatable(self: Task, value: str) -> str:
+    """The same without exactly-once: the result write is fenced by token order alone."""
+    return _result_only(self, value)
 
 
 # Read-modify-write ---------------------------------------------------------------------

@@ -62,10 +62,8 @@ def test_stale_gated_write_is_rejected(scenario: Scenario) -> None:
     assert int(run.newer_token) > int(run.stale_token)
     assert run.stale_pid != run.newer_pid
     assert scenario.redis.get(scenario.key("job", "j")) == f"v@{run.newer_token}"
-    assert (
-        f"fenced out at body on '{run.task_id}' (token {run.stale_token}, high-water mark {run.newer_token})"
-        in run.w1.log()
-    )
+    # The newer execution applied the task: the resumed one is refused as a duplicate and ends as done.
+    assert f"[{run.task_id}] already applied on '{run.task_id}' by another execution (at body)" in run.w1.log()
     assert f"[{run.task_id}] ignored" in run.w1.log()
     assert scenario.client.AsyncResult(run.task_id).get(timeout=10) == f"v@{run.newer_token}"
 
@@ -77,16 +75,30 @@ def test_without_fencing_the_stale_write_overwrites(scenario: Scenario) -> None:
 
 
 def test_stale_result_write_is_dropped(scenario: Scenario) -> None:
-    """The paused execution's result write is dropped and logged; the stored result is the newer one's."""
-    run = redeliver_while_paused(scenario, "result_only_job", "v", stale_finishes_first=True)
+    """Without exactly-once, the paused execution's result write is dropped and logged; the newer one's stands."""
+    run = redeliver_while_paused(scenario, "result_only_job_repeatable", "v", stale_finishes_first=True)
     assert "dropped SUCCESS result of task " + run.task_id in run.w1.log()
     stored = scenario.client.AsyncResult(run.task_id).get(timeout=10)
     assert stored == f"v@{run.newer_token}@{run.newer_pid}"
 
 
+def test_first_execution_to_finish_seals_the_task(scenario: Scenario) -> None:
+    """With exactly-once, the execution that finishes first seals the task: its result stands, the other ends as done.
+
+    Here the paused execution resumes and finishes first; the newer one then
+    finds the task sealed and ends without a result write of its own.
+    """
+    run = redeliver_while_paused(scenario, "result_only_job", "v", stale_finishes_first=True)
+    stored = scenario.client.AsyncResult(run.task_id).get(timeout=10)
+    assert stored == f"v@{run.stale_token}@{run.stale_pid}"
+    assert f"[{run.task_id}] already applied on '{run.task_id}' by another execution (at seal)" in run.w2.log()
+    assert f"[{run.task_id}] ignored" in run.w2.log()
+    assert "dropped SUCCESS result" not in run.w1.log() + run.w2.log()
+
+
 def test_without_fenced_backend_the_stale_result_wins(scenario: Scenario) -> None:
     """Negative control: with the plain Redis backend the stale execution's result is the one stored."""
     scenario.env["FT_BACKEND"] = scenario.env["FT_BACKEND"].removeprefix("fenced+")
-    run = redeliver_while_paused(scenario, "result_only_job", "v", stale_finishes_first=True)
+    run = redeliver_while_paused(scenario, "result_only_job_repeatable", "v", stale_finishes_first=True)
     stored = scenario.client.AsyncResult(run.task_id).get(timeout=10)
     assert stored == f"v@{run.stale_token}@{run.stale_pid}"

@@ -54,6 +54,11 @@ class GateAdapter:
         value: int | None = self.gate.high_water(resource)
         return value
 
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """The execution id the gate recorded for *task_id* on *resource* (exactly once), or ``None``."""
+        value: str | None = self.gate.applied(resource, task_id)
+        return value
+
     def write(self, token: Any, key: str, value: int) -> None:
         """Gated write of *value* at *key*, binding the key to the token's resource."""
         raise NotImplementedError

@@ -64,9 +64,12 @@ def claim_refused(self: Task, name: str) -> None:
     """Never runs its body: the test raised the resource's mark above any token first."""
 
 
-@app.task(bind=True, base=FencedTask)
+@app.task(bind=True, base=FencedTask, fencing_once=False)
 def drop_result(self: Task) -> str:
-    """A newer execution claims this task's result while it runs, so its own result write is dropped."""
+    """A newer execution claims this task's result while it runs, so its own result write is dropped.
+
+    Without exactly-once: with it, this execution would seal the task first and its result would stand.
+    """
     newer = runtime_for(app).source().mint(self.request.fencing_resource)
     self.backend.claim_result(self.request.id, newer)
     return "dropped"

@@ -1,0 +1,334 @@
+"""The Lua scripts of the Redis gate and of the fenced Redis result backend, with one fence check.
+
+Every script that checks a token runs the same Lua function, ``fence``, and
+refuses in one convention: an error reply ``FENCED <kind> <detail>``, which
+:func:`parse_refusal` splits. No redis-py import here, so the Celery layer
+can use the scripts without importing a gate.
+
+The refusal kinds:
+
+===============  ===========================================================
+``stale``        the token is below the mark (detail: the mark)
+``grantor``      the mark belongs to another grantor (detail: its grantor id)
+``corrupt``      the mark key does not hold a 20-digit mark (detail: the key)
+``owner``        the data belongs to another resource (detail: that resource)
+``applied``      another execution of this task id applied here, and this
+                 execution holds the newest token (detail: the mark, or ``-``)
+``superseded``   the same, and a newer execution holds the resource (detail: the mark)
+``tokenless``    a write without a token over a result that one wrote (backend)
+``changed``      an operator's reset found the mark moved (detail: the mark, or ``-``)
+===============  ===========================================================
+
+Marks are compared as equal-width digit strings, never as Lua numbers: Lua
+numbers are doubles, exact only below 2**53. Lua's string comparison uses
+strcoll(), and every locale orders the digits 0-9 numerically at the first
+level, so equal-width digit strings compare as their numbers do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLAIM_RESULT_SCRIPT",
+    "CLAIM_SCRIPT",
+    "DELETE_SCRIPT",
+    "EVAL_SCRIPT_TEMPLATE",
+    "FENCE_FUNCTION",
+    "HSET_SCRIPT",
+    "RESET_SCRIPT",
+    "SEAL_RESULT_SCRIPT",
+    "SET_SCRIPT",
+    "WRITE_RESULT_SCRIPT",
+    "parse_refusal",
+]
+
+FENCE_FUNCTION = """\
+-- fence(mark, grantor, applied, token, token_grantor, execution, where): nil when the
+-- token may write, else the refusal "FENCED <kind> <detail>".
+--   mark       the stored mark (20 digits) or false
+--   grantor    the grantor id of the mark or false
+--   applied    the execution id recorded for this task id here, or false
+--   execution  this execution's id; '' records and checks nothing
+--   where      the mark's key, named in a corrupt-mark refusal
+-- Grantor first: a wiped grantor's tokens are low too, and the mismatch is the news.
+-- "Applied" before "stale": a refused copy of a task that another execution
+-- applied must end as done, not retry and apply again.
+local function fence(mark, grantor, applied, token, token_grantor, execution, where)
+  if grantor and token_grantor ~= '' and grantor ~= token_grantor then return 'FENCED grantor ' .. grantor end
+  if mark and #mark ~= 20 then return 'FENCED corrupt ' .. where end
+  if applied and execution ~= '' and applied ~= execution then
+    if mark and mark > token then return 'FENCED superseded ' .. mark end
+    return 'FENCED applied ' .. (mark or '-')
+  end
+  if mark and mark > token then return 'FENCED stale ' .. mark end
+  return nil
+end
+"""
+
+CLAIM_SCRIPT = (
+    """\
+-- Claim: raise the resource's mark to the token unless the mark is above it.
+-- KEYS[1] mark key of the token's resource
+-- KEYS[2] grantor key of the token's resource
+-- ARGV[1] token, a 20-digit zero-padded decimal string
+-- ARGV[2] grantor id of the token, or '' for none
+-- returns 1 when the mark now equals the token; refusals stale, grantor, corrupt
+"""
+    + FENCE_FUNCTION
+    + """\
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+local mark, grantor = state[1], state[2]
+local refused = fence(mark, grantor, false, ARGV[1], ARGV[2], '', KEYS[1])
+if refused then return redis.error_reply(refused) end
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[2] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"""
+)
+
+RESET_SCRIPT = """\
+-- Operator reset (celery-fencing rebase / repair): set the mark and its
+-- grantor, lower or not, if they are still what the operator read.
+-- KEYS[1] mark key, KEYS[2] grantor key
+-- ARGV[1] expected mark ('' for none), ARGV[2] expected grantor ('' for none)
+-- ARGV[3] new mark (20 digits), ARGV[4] new grantor ('' for none)
+-- returns 1 when reset; refusal "FENCED changed <mark>" when the mark moved
+local state = redis.call('MGET', KEYS[1], KEYS[2])
+if (state[1] or '') ~= ARGV[1] or (state[2] or '') ~= ARGV[2] then
+  return redis.error_reply('FENCED changed ' .. (state[1] or '-'))
+end
+redis.call('SET', KEYS[1], ARGV[3])
+if ARGV[4] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2], ARGV[4]) end
+return 1
+"""
+
+_ONE_KEY_HEADER = """\
+-- KEYS[1] mark key of the token's resource
+-- KEYS[2] grantor key of the token's resource
+-- KEYS[3] applied-record key of the token's resource and the execution's task id
+-- KEYS[4] owner key of the data key
+-- KEYS[5] data key
+-- ARGV[1] token, a 20-digit zero-padded decimal string
+-- ARGV[2] resource of the token
+-- ARGV[3] grantor id of the token, or '' for none
+-- ARGV[4] execution id to record with the effect, or '' to record nothing
+-- ARGV[5] how long the record is kept, in milliseconds (with an execution id)
+-- returns 1 when written; refusals stale, grantor, corrupt, owner, applied, superseded
+"""
+
+# The check of the single-key write scripts. It reads every piece of fence
+# state with one MGET (this runs on every write) and writes nothing, so a
+# refused write changes nothing.
+_CHECK_ONE_KEY = """\
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+local mark, grantor, applied, owner = state[1], state[2], state[3], state[4]
+if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+local refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
+if refused then return redis.error_reply(refused) end
+"""
+
+# Runs after the data command succeeded: a data command that fails (WRONGTYPE)
+# aborts the script before this, leaving the fence state as it was. Unchanged
+# values are not rewritten, which keeps the steady state of one execution's
+# repeated writes to one MGET and one data write.
+_ADVANCE_ONE_KEY = """\
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
+if not owner then redis.call('SET', KEYS[4], ARGV[2]) end
+if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+return 1
+"""
+
+SET_SCRIPT = (
+    "-- Gated SET.\n"
+    + _ONE_KEY_HEADER
+    + "-- ARGV[6] value\n-- ARGV[7] optional: expiry in milliseconds\n"
+    + FENCE_FUNCTION
+    + _CHECK_ONE_KEY
+    + """\
+if ARGV[7] then
+  redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[7])
+else
+  redis.call('SET', KEYS[5], ARGV[6])
+end
+"""
+    + _ADVANCE_ONE_KEY
+)
+
+HSET_SCRIPT = (
+    "-- Gated HSET.\n"
+    + _ONE_KEY_HEADER
+    + "-- ARGV[6 ..] field, value, field, value, ...\n"
+    + FENCE_FUNCTION
+    + _CHECK_ONE_KEY
+    # unpack() is bounded by Lua's C stack: large mappings go in chunks of 500
+    # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
+    + """\
+for i = 6, #ARGV, 1000 do
+  redis.call('HSET', KEYS[5], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+"""
+    + _ADVANCE_ONE_KEY
+)
+
+DELETE_SCRIPT = (
+    "-- Gated DEL. The key stays bound to its resource.\n"
+    + _ONE_KEY_HEADER
+    + FENCE_FUNCTION
+    + _CHECK_ONE_KEY
+    + "redis.call('DEL', KEYS[5])\n"
+    + _ADVANCE_ONE_KEY
+)
+
+# The caller's body is spliced in with %: the template holds no other % sign.
+EVAL_SCRIPT_TEMPLATE = (
+    """\
+-- Gated EVAL: the caller's Lua body runs only after the fence check passed.
+-- KEYS[1] mark key of the token's resource
+-- KEYS[2] grantor key of the token's resource
+-- KEYS[3] applied-record key of the token's resource and the execution's task id
+-- KEYS[4 .. n+3] owner keys of the caller's n data keys
+-- KEYS[n+4 .. 2n+3] the caller's data keys (the body sees them as KEYS[1 .. n])
+-- ARGV[1 .. 5] as for the single-key scripts: token, resource, grantor id,
+--   execution id ('' records nothing), record retention in milliseconds
+-- ARGV[6 ..] the caller's arguments (the body sees them as ARGV[1 ..])
+-- returns what the body returns; refusals stale, grantor, corrupt, owner,
+--   applied, superseded (the body has not run)
+"""
+    + FENCE_FUNCTION
+    + """\
+local n = (#KEYS - 3) / 2
+local owners = {}
+if n > 0 then owners = redis.call('MGET', unpack(KEYS, 4, n + 3)) end
+for i = 1, n do
+  if owners[i] and owners[i] ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owners[i]) end
+end
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+local mark, grantor, applied = state[1], state[2], state[3]
+local refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
+if refused then return redis.error_reply(refused) end
+-- Advance before the body: Redis does not undo the writes of a script that
+-- fails half-way, so the mark and the record must already cover whatever the body writes.
+if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
+if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
+if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+for i = 1, n do
+  if not owners[i] then redis.call('SET', KEYS[3 + i], ARGV[2]) end
+end
+local data_keys, data_args = {}, {}
+for i = 1, n do data_keys[i] = KEYS[n + 3 + i] end
+for i = 6, #ARGV do data_args[i - 5] = ARGV[i] end
+local function body(KEYS, ARGV)
+%s
+end
+return body(data_keys, data_args)
+"""
+)
+
+# The result backend keeps one hash per task beside its result key, with the
+# fields mark, resource, grantor, state, final and done (the id of the
+# execution that sealed the task: the one whose result stands).
+
+WRITE_RESULT_SCRIPT = (
+    """\
+-- Write a task result under the fence.
+-- KEYS[1] result key, KEYS[2] fence hash
+-- ARGV[1] encoded meta, ARGV[2] token as 20 digits or '' for none, ARGV[3] resource or '',
+-- ARGV[4] state, ARGV[5] '1' when the state is final, ARGV[6] expiry in seconds ('0': none),
+-- ARGV[7] grantor id of the token or '', ARGV[8] execution id of the writer ('-' for none)
+-- returns 1 written; refusals tokenless, owner, grantor, corrupt, applied,
+--   superseded (another execution sealed the task), stale
+"""
+    + FENCE_FUNCTION
+    + """\
+local f = redis.call('HMGET', KEYS[2], 'mark', 'resource', 'final', 'state', 'grantor', 'done')
+local mark, owner, final, state, grantor, done = f[1], f[2], f[3], f[4], f[5], f[6]
+if ARGV[2] == '' then
+  if mark and final == '1' then
+    return redis.error_reply('FENCED tokenless over a final result written with a token')
+  end
+  if state == 'SUCCESS' then return redis.error_reply('FENCED tokenless over SUCCESS') end
+else
+  if owner and owner ~= ARGV[3] then return redis.error_reply('FENCED owner ' .. owner) end
+  -- The execution that sealed the task writes its result whatever the mark:
+  -- it finished first, and every other execution defers to it.
+  if done ~= ARGV[8] then
+    local refused = fence(mark, grantor, done, ARGV[2], ARGV[7], ARGV[8], KEYS[2])
+    if refused then return redis.error_reply(refused) end
+  end
+  if not mark or ARGV[2] > mark then redis.call('HSET', KEYS[2], 'mark', ARGV[2]) end
+  redis.call('HSET', KEYS[2], 'resource', ARGV[3])
+  if ARGV[7] ~= '' and not grantor then redis.call('HSET', KEYS[2], 'grantor', ARGV[7]) end
+end
+redis.call('HSET', KEYS[2], 'state', ARGV[4], 'final', ARGV[5])
+local ttl = tonumber(ARGV[6])
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+CLAIM_RESULT_SCRIPT = (
+    """\
+-- Raise a result's mark when a fenced execution starts.
+-- KEYS[1] fence hash
+-- ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ('0': none),
+-- ARGV[4] grantor id of the token or ''
+-- returns 1 claimed; refusals owner, grantor, corrupt, applied or superseded
+--   (the task was sealed: it is done), stale
+"""
+    + FENCE_FUNCTION
+    + """\
+local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
+local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
+if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+local refused = fence(mark, grantor, done, ARGV[1], ARGV[4], '-', KEYS[1])
+if refused then return redis.error_reply(refused) end
+redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'resource', ARGV[2])
+if ARGV[4] ~= '' and not grantor then redis.call('HSET', KEYS[1], 'grantor', ARGV[4]) end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+return 1
+"""
+)
+
+SEAL_RESULT_SCRIPT = (
+    """\
+-- Seal a task when its body has returned, before Celery sends its callbacks:
+-- the first execution of a task id to seal is the one whose result stands.
+-- Token order does not decide here: an older execution that finished its body
+-- has applied its effects (a newer one meets them at its first gated write).
+-- KEYS[1] fence hash
+-- ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ('0': none),
+-- ARGV[4] grantor id of the token or '', ARGV[5] execution id
+-- returns 1 sealed (or already sealed by this execution); refusals owner,
+--   grantor, applied (another execution sealed first)
+"""
+    + FENCE_FUNCTION
+    + """\
+local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
+local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
+if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+local refused = fence(false, grantor, done, ARGV[1], ARGV[4], ARGV[5], KEYS[1])
+if refused then return redis.error_reply(refused) end
+if done == ARGV[5] then return 1 end
+redis.call('HSET', KEYS[1], 'done', ARGV[5], 'resource', ARGV[2])
+if not mark or ARGV[1] > mark then redis.call('HSET', KEYS[1], 'mark', ARGV[1]) end
+if ARGV[4] ~= '' and not grantor then redis.call('HSET', KEYS[1], 'grantor', ARGV[4]) end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+return 1
+"""
+)
+
+
+def parse_refusal(message: str) -> tuple[str, str] | None:
+    """Split a script's refusal ``"FENCED <kind> <detail>"`` into (kind, detail); ``None`` for any other error."""
+    if not message.startswith("FENCED "):
+        return None
+    _, kind, detail = (message + " ").split(" ", 2)
+    return kind, detail.strip()
