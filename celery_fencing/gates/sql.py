@@ -91,14 +91,16 @@ from sqlalchemy import (
     inspect,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 
-from ..context import resolve_token
+from ..context import AppliedRecord, applied_record, resolve_token
 from ..exceptions import (
+    AlreadyAppliedError,
     FencingConfigurationError,
     GateUnavailableError,
     InvalidArgumentError,
@@ -114,9 +116,17 @@ from ..token import (
     check_grantor,
     validate_resource,
 )
+from .applied_sql import (
+    DEFAULT_APPLIED_TABLE,
+    EXECUTION_ID_LENGTH,
+    MAX_TASK_ID_LENGTH,
+    applied_statements,
+    missing_table_message,
+    retention_seconds,
+)
 from .refusal import raise_why_refused
 
-__all__ = ["DEFAULT_TABLE", "SQLGate", "Utf8VarBinary", "high_water_table"]
+__all__ = ["DEFAULT_APPLIED_TABLE", "DEFAULT_TABLE", "SQLGate", "Utf8VarBinary", "applied_table", "high_water_table"]
 
 log = logging.getLogger(__name__)
 
@@ -151,22 +161,50 @@ def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: s
 
     If *metadata* already holds a table of that name, it is returned as is.
     """
-    key = f"{schema}.{name}" if schema else name
-    existing = metadata.tables.get(key)
-    if existing is not None:
-        return existing
-    # A binary resource on MySQL/MariaDB: their default collations compare
-    # case- and trailing-space-insensitively, which would merge resources.
-    resource_type = String(MAX_RESOURCE_LENGTH).with_variant(Utf8VarBinary(MAX_RESOURCE_LENGTH * 4), "mysql", "mariadb")
-    return Table(
-        name,
+    return _table(
         metadata,
-        Column("resource", resource_type, primary_key=True),
+        name,
+        schema,
+        Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
         Column("token", BigInteger, nullable=False),
         Column("grantor", _grantor_type(), nullable=True),
         CheckConstraint(f"token >= 1 AND token <= {MAX_TOKEN_VALUE}", name=f"{name[:48]}_token_range"),
-        schema=schema,
     )
+
+
+def applied_table(metadata: MetaData, name: str = DEFAULT_APPLIED_TABLE, *, schema: str | None = None) -> Table:
+    """Define the applied-record table (exactly once) in *metadata*, for your migrations.
+
+    The layout is :mod:`celery_fencing.gates.applied_sql`'s: ``resource`` and
+    ``task_id`` (binary on MySQL/MariaDB), ``execution``, ``expires_at``
+    (epoch seconds), primary key (resource, task_id). If *metadata* already
+    holds a table of that name, it is returned as is.
+    """
+    return _table(
+        metadata,
+        name,
+        schema,
+        Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
+        Column("task_id", _binary_on_mysql(MAX_TASK_ID_LENGTH), primary_key=True),
+        Column("execution", String(EXECUTION_ID_LENGTH), nullable=False),
+        Column("expires_at", BigInteger, nullable=False),
+    )
+
+
+def _table(metadata: MetaData, name: str, schema: str | None, *parts: Any) -> Table:
+    """The table *name* of *metadata* if it holds one, else a new one of *parts*."""
+    existing = metadata.tables.get(f"{schema}.{name}" if schema else name)
+    return existing if existing is not None else Table(name, metadata, *parts, schema=schema)
+
+
+# SQLGate's parameter of the same name hides the function inside __init__.
+_applied_table = applied_table
+
+
+def _binary_on_mysql(length: int) -> Any:
+    # Binary on MySQL/MariaDB: their default collations compare case- and
+    # trailing-space-insensitively, which would merge resources (and task ids).
+    return String(length).with_variant(Utf8VarBinary(length * 4), "mysql", "mariadb")
 
 
 def _grantor_type() -> Any:
@@ -193,7 +231,18 @@ class SQLGate:
     :param metadata: ``MetaData`` to define the table in (default: a private one).
     :param verifier: checks every token's origin before it is used (signed
         mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
+    :param applied_table: name of the applied-record table (exactly once; same *schema*).
     :raises FencingConfigurationError: for an unsupported database.
+
+    Exactly once: inside a fenced execution with ``once`` on, every effect of
+    the execution's own token (:meth:`transaction`, :meth:`guard`,
+    :meth:`fenced_update`; not :meth:`claim`) also writes the row "task id T
+    applied on resource R by execution E" of the applied-record table, in the
+    same transaction as the effect. Another execution of T is then refused
+    with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
+    until the row expires, after the execution's retention on the database's
+    clock. The check runs after the mark upsert, whose row lock serialises
+    the resource's writers. :meth:`prune_applied` deletes expired rows.
     """
 
     def __init__(
@@ -204,6 +253,7 @@ class SQLGate:
         schema: str | None = None,
         metadata: MetaData | None = None,
         verifier: TokenVerifier | None = None,
+        applied_table: str = DEFAULT_APPLIED_TABLE,
     ) -> None:
         dialect = engine.dialect.name
         if dialect not in _SUPPORTED:
@@ -212,7 +262,27 @@ class SQLGate:
         self.verifier = verifier
         self._dialect = dialect
         self._mysql = dialect in _MYSQL_FAMILY
-        self._table = high_water_table(metadata if metadata is not None else MetaData(), table, schema=schema)
+        metadata = metadata if metadata is not None else MetaData()
+        self._table = high_water_table(metadata, table, schema=schema)
+        self._applied = _applied_table(metadata, applied_table, schema=schema)
+        # Whether the applied-record table exists: looked at once, on first use with a record.
+        self._applied_exists = False
+        preparer = engine.dialect.identifier_preparer
+        a = self._applied
+        applied_sql = applied_statements(
+            dialect, preparer.format_table(a), quote=preparer.quote, param=lambda name: f":{name}"
+        )
+        self._applied_refused_by_insert_id = applied_sql.refused_by_insert_id
+        keys = (bindparam("resource", type_=a.c.resource.type), bindparam("task_id", type_=a.c.task_id.type))
+        self._record_applied = (
+            text(applied_sql.record)
+            .bindparams(
+                *keys, bindparam("execution", type_=a.c.execution.type), bindparam("retention", type_=BigInteger)
+            )
+            .execution_options(preserve_rowcount=True)
+        )
+        self._select_applied = text(applied_sql.select).bindparams(*keys)
+        self._prune_applied = text(applied_sql.prune).bindparams(bindparam("limit", type_=BigInteger))
         self._fence_clauses: dict[tuple[Table, str, str | None, str | None], _FenceClauses] = {}
         t = self._table
         resource = bindparam("resource", type_=t.c.resource.type)
@@ -266,23 +336,29 @@ class SQLGate:
         """The mark table, for ``create_all`` or your migrations."""
         return self._table
 
+    @property
+    def applied_table(self) -> Table:
+        """The applied-record table (exactly once), for ``create_all`` or your migrations."""
+        return self._applied
+
     def create_schema(self) -> None:
-        """Create the mark table if it does not exist, or add the ``grantor`` column to an older one.
+        """Create the mark and applied-record tables if they do not exist; add ``grantor`` to an older mark table.
 
         Idempotent, also when run concurrently.
 
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        try:
-            self._table.create(self.engine, checkfirst=True)
-        except sa_exc.SQLAlchemyError as exc:
-            # Another process may have created it between the check and CREATE.
+        for table, what in ((self._table, "the mark table"), (self._applied, "the applied-record table")):
             try:
-                exists = inspect(self.engine).has_table(self._table.name, schema=self._table.schema)
-            except sa_exc.SQLAlchemyError:
-                exists = False
-            if not exists:
-                _unavailable(exc, "creating the mark table")
+                table.create(self.engine, checkfirst=True)
+            except sa_exc.SQLAlchemyError as exc:
+                # Another process may have created it between the check and CREATE.
+                try:
+                    exists = inspect(self.engine).has_table(table.name, schema=table.schema)
+                except sa_exc.SQLAlchemyError:
+                    exists = False
+                if not exists:
+                    _unavailable(exc, f"creating {what}")
         try:
             with self.engine.begin() as conn:
                 if not self._table_has_grantor(conn):
@@ -332,8 +408,46 @@ class SQLGate:
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        with self.transaction(token):
+        with _FencedTransaction(self, self._checked(token), None):
             pass
+
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """Return the id of the execution of *task_id* that applied on *resource*, or ``None``.
+
+        ``None`` when no execution of the task wrote through this gate with
+        exactly-once, or its record expired (on the database's clock).
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: the database failed or could not be reached,
+            or the applied-record table is missing.
+        """
+        validate_resource(resource)
+        try:
+            with self.engine.connect() as conn:
+                value = conn.execute(self._select_applied, {"resource": resource, "task_id": task_id}).scalar()
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "reading an applied record")
+        return None if value is None else str(value)
+
+    def prune_applied(self, limit: int = 1000) -> int:
+        """Delete at most *limit* expired applied records, in a transaction of its own; return how many.
+
+        Expired records already count as absent; pruning only bounds the
+        table's size. Run it periodically (a Celery beat task, cron), in a
+        loop while it returns *limit*. It finds expired rows by scanning the
+        table (there is no index on ``expires_at``, which every write would pay for).
+
+        :raises InvalidArgumentError: *limit* is not a positive int.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgumentError(f"limit must be a positive int, not {limit!r:.60}")
+        try:
+            with self.engine.begin() as conn:
+                count: int = conn.execute(self._prune_applied, {"limit": limit}).rowcount
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "pruning applied records")
+        return count
 
     def high_water(self, resource: str) -> int | None:
         """Return the resource's committed mark, or ``None`` if it was never claimed.
@@ -421,13 +535,20 @@ class SQLGate:
 
         The token is checked when this method is called, before any I/O.
 
+        Inside a fenced execution with exactly-once on, entering also records
+        the execution's task id on the resource (see :class:`SQLGate`), in
+        this transaction.
+
         :raises StaleTokenError: on entering, for a token below the mark (rolled back).
+        :raises AlreadyAppliedError: on entering, another execution of this
+            task id applied on the resource (rolled back).
         :raises GrantorMismatchError: on entering, for a token of another grantor (rolled back).
         :raises InvalidTokenError: bad token, before any I/O.
         :raises GateUnavailableError: the database failed or could not be
             reached, on entering or at COMMIT.
         """
-        return _FencedTransaction(self, self._checked(token))
+        checked = self._checked(token)
+        return _FencedTransaction(self, checked, applied_record(checked))
 
     def _insert_if_absent(self, resource: str, values: dict[str, Any]) -> Any:
         t = self._table
@@ -449,7 +570,12 @@ class SQLGate:
         ``session.begin()``) does that. The caller's COMMIT makes the new mark
         visible; until then, the row lock holds off other writers.
 
+        With exactly-once on, it also records the execution's task id (see
+        :class:`SQLGate`); on ``AlreadyAppliedError`` too the transaction
+        must be rolled back (the mark upsert before the refusal is in it).
+
         :raises StaleTokenError: the token is below the mark.
+        :raises AlreadyAppliedError: another execution of this task id applied on the resource.
         :raises GrantorMismatchError: the mark belongs to another grantor.
         :raises InvalidTokenError: bad token, before any I/O.
         :raises FencingConfigurationError: *connection* is not in a
@@ -468,10 +594,49 @@ class SQLGate:
             raise FencingConfigurationError(
                 f"connection is to {connection.dialect.name!r}, the gate was built for {self._dialect!r}"
             )
-        self._advance(connection, checked)
+        self._advance(connection, checked, applied_record(checked))
 
-    def _advance(self, conn: Connection, token: FencingToken) -> None:
+    def _check_applied_table(self, conn: Connection) -> None:
+        """Fail closed, once, when exactly-once is on and its table is missing (a clear error, not a driver's)."""
+        if self._applied_exists:
+            return
+        a = self._applied
+        try:
+            exists = inspect(conn).has_table(a.name, schema=a.schema)
+        except sa_exc.SQLAlchemyError as exc:
+            _unavailable(exc, "looking for the applied-record table")
+        if not exists:
+            raise GateUnavailableError(
+                missing_table_message(
+                    a.name, "create it with SQLGate.create_schema() or applied_table() in your migrations"
+                ),
+                gate="SQLGate",
+            )
+        self._applied_exists = True
+
+    def _record(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> bool:
+        """Write or refresh the record; ``False`` when a live record of another execution refused it."""
+        result = conn.execute(
+            self._record_applied,
+            {
+                "resource": token.resource,
+                "task_id": record.task_id,
+                "execution": record.execution_id,
+                "retention": retention_seconds(record.retention),
+            },
+        )
+        return not result.lastrowid if self._applied_refused_by_insert_id else result.rowcount != 0
+
+    def _applied_by_other(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> bool:
+        """Whether a live record names another execution of the task (the refusal path)."""
+        params = {"resource": token.resource, "task_id": record.task_id}
+        found = conn.execute(self._select_applied, params).scalar()
+        return found is not None and found != record.execution_id
+
+    def _advance(self, conn: Connection, token: FencingToken, record: AppliedRecord | None) -> None:
         params: dict[str, Any] = {"resource": token.resource, "token": token.value}
+        if record is not None:
+            self._check_applied_table(conn)
         try:
             with_grantor = self._uses_grantor(conn)
             if with_grantor:
@@ -483,15 +648,22 @@ class SQLGate:
             # locks the conflicting row even when WHERE fails).
             refused = bool(result.lastrowid) if self._mysql else result.rowcount == 0
             if not refused:
-                return
+                # Under the mark's row lock: no other writer of the resource checks or writes records now.
+                if record is None or self._record(conn, token, record):
+                    return
+                raise AlreadyAppliedError(resource=token.resource, task_id=record.task_id, superseded=False)
             # Read the mark (and grantor) that refused us, under the row lock.
             if with_grantor:
                 mark, grantor = conn.execute(self._select_mark_grantor, params).one()
             else:
                 mark, grantor = conn.execute(self._select_mark, params).scalar_one(), None
+            check_grantor(token, grantor)
+            if record is not None and self._applied_by_other(conn, token, record):
+                raise AlreadyAppliedError(
+                    resource=token.resource, task_id=record.task_id, superseded=True, high_water=mark
+                )
         except sa_exc.SQLAlchemyError as exc:
             _unavailable(exc, "advancing the mark")
-        check_grantor(token, grantor)
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
 
     # Column mode --------------------------------------------------------------
@@ -532,9 +704,19 @@ class SQLGate:
         Counting relies on matched-row counts, which SQLAlchemy's MySQL
         dialects enable (``CLIENT_FOUND_ROWS``) and the other databases give.
 
+        Exactly once: inside a fenced execution with ``once`` on, an UPDATE
+        that changed rows is followed, on *connection*, by the applied-record
+        upsert (see :class:`SQLGate`), so *connection* must be in a
+        transaction you commit after this call (``engine.begin()``), never in
+        ``AUTOCOMMIT``. When the record refuses (``AlreadyAppliedError``), the
+        UPDATE has run in that transaction: let the exception roll it back.
+
         :returns: the number of rows updated; 0 when no row matches *where*.
         :raises StaleTokenError: a matching row's fence is above the token
             (``high_water`` is that fence; nothing changed).
+        :raises AlreadyAppliedError: another execution of this task id applied
+            on the resource (``superseded`` when a row's fence is also above
+            the token; otherwise roll the transaction back).
         :raises ResourceMismatchError: a matching row belongs to another resource.
         :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
@@ -546,6 +728,14 @@ class SQLGate:
         for column in (fence_column, grantor_column):
             if column is not None and column in values:
                 raise FencingConfigurationError(f"values must not set the column {column!r}: the gate sets it")
+        record = applied_record(checked)
+        if record is not None:
+            if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+                raise FencingConfigurationError(
+                    "fenced_update() with exactly-once needs a transaction, not AUTOCOMMIT: the applied "
+                    "record must commit (or roll back) with the UPDATE"
+                )
+            self._check_applied_table(connection)
         key = (table, fence_column, resource_column, grantor_column)
         clauses = self._fence_clauses.get(key)
         if clauses is None:
@@ -564,17 +754,26 @@ class SQLGate:
         try:
             count = connection.execute(stmt, params).rowcount
             if count:
-                return count
+                if record is None or self._record(connection, checked, record):
+                    return count
+                raise AlreadyAppliedError(resource=checked.resource, task_id=record.task_id, superseded=False)
             # Nothing updated: tell "no such row" from "stale", "another
             # resource's row" and "another grantor's fence". FOR UPDATE reads the
             # latest committed row, not a REPEATABLE READ snapshot.
             columns = [fence, owner if owner is not None else fence, grantor if grantor is not None else fence]
             rows = connection.execute(select(*columns).where(where).with_for_update()).all()
+            try:
+                raise_why_refused(checked, rows, check_owner=owner is not None, check_grantors=grantor is not None)
+            except StaleTokenError as stale:
+                if record is not None and self._applied_by_other(connection, checked, record):
+                    raise AlreadyAppliedError(
+                        resource=checked.resource, task_id=record.task_id, superseded=True, high_water=stale.high_water
+                    ) from None
+                raise
         except sa_exc.SQLAlchemyError as exc:
             if isinstance(exc, _UNAVAILABLE) or getattr(exc, "connection_invalidated", False):
                 _unavailable(exc, "fenced update")
             raise
-        raise_why_refused(checked, rows, check_owner=owner is not None, check_grantors=grantor is not None)
         return 0
 
     def __repr__(self) -> str:
@@ -621,9 +820,10 @@ class _FenceClauses:
 class _FencedTransaction(AbstractContextManager[Connection]):
     """The context manager behind :meth:`SQLGate.transaction`. Single use."""
 
-    def __init__(self, gate: SQLGate, token: FencingToken) -> None:
+    def __init__(self, gate: SQLGate, token: FencingToken, record: AppliedRecord | None) -> None:
         self._gate = gate
         self._token = token
+        self._record = record
         self._conn: Connection | None = None
 
     def __enter__(self) -> Connection:
@@ -634,7 +834,7 @@ class _FencedTransaction(AbstractContextManager[Connection]):
         self._conn = conn
         try:
             conn.begin()
-            self._gate._advance(conn, self._token)
+            self._gate._advance(conn, self._token, self._record)
         except BaseException:
             self._abort()
             raise

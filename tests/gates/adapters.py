@@ -174,7 +174,7 @@ class SQLAdapter(GateAdapter):
         self.spec = spec
         self.engine = make_engine(spec.url)
         suffix = spec.namespace
-        self.gate = SQLGate(self.engine, table=f"hw_{suffix}")
+        self.gate = SQLGate(self.engine, table=f"hw_{suffix}", applied_table=f"ap_{suffix}")
         metadata = sa.MetaData()
         self.data = sa.Table(
             f"data_{suffix}",
@@ -247,6 +247,7 @@ class SQLAdapter(GateAdapter):
     def drop(self) -> None:
         self.metadata.drop_all(self.engine)
         self.gate.table.drop(self.engine, checkfirst=True)
+        self.gate.applied_table.drop(self.engine, checkfirst=True)
         self.engine.dispose()
 
 

@@ -13,15 +13,18 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from celery_fencing import (
+    AlreadyAppliedError,
     FencingConfigurationError,
     FencingToken,
     GateUnavailableError,
+    InvalidArgumentError,
     InvalidTokenError,
     ResourceMismatchError,
     SQLGate,
     StaleTokenError,
 )
-from celery_fencing.gates.sql import high_water_table
+from celery_fencing.context import Execution, token_context
+from celery_fencing.gates.sql import applied_table, high_water_table
 
 from .adapters import make_engine
 
@@ -47,12 +50,13 @@ def engine(url: str) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def gate(engine: sa.Engine, unique_name: str) -> Iterator[SQLGate]:
-    gate = SQLGate(engine, table=f"hw_{unique_name}")
+    gate = SQLGate(engine, table=f"hw_{unique_name}", applied_table=f"ap_{unique_name}")
     gate.create_schema()
     try:
         yield gate
     finally:
         gate.table.drop(engine, checkfirst=True)
+        gate.applied_table.drop(engine, checkfirst=True)
 
 
 @pytest.fixture
@@ -383,3 +387,119 @@ def test_unsupported_database_is_refused() -> None:
     engine = sa.create_mock_engine(sa.make_url("oracle+oracledb://"), executor=lambda *a, **k: None)
     with pytest.raises(FencingConfigurationError):
         SQLGate(engine)  # type: ignore[arg-type]
+
+
+# Exactly once ------------------------------------------------------------------------------
+
+
+def _once(value: int, task_id: str = "task-1", resource: str = "acct:1", retention: float = 60.0) -> Any:
+    """An execution of *task_id* with exactly-once on, holding token *value*, for ``with token_context(...)``."""
+    return Execution(T(resource, value), task_id=task_id, once=True, once_retention=retention)
+
+
+def _expire_records(gate: SQLGate, engine: sa.Engine, task_id: str) -> None:
+    table = gate.applied_table
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.task_id == task_id).values(expires_at=table.c.expires_at - 3600))
+
+
+def test_prune_applied_deletes_expired_records_and_keeps_live_ones(gate: SQLGate, engine: sa.Engine) -> None:
+    """Expired rows go (bounded by limit, in rounds), live ones stay, and a task whose record was pruned may apply."""
+    for number in range(5):
+        with token_context(_once(number + 1, f"old-{number}")), gate.transaction():
+            pass
+    with token_context(_once(10, "live")), gate.transaction():
+        pass
+    for number in range(5):
+        _expire_records(gate, engine, f"old-{number}")
+    assert gate.applied("acct:1", "old-0") is None  # expired: absent before any prune
+    assert gate.prune_applied(limit=3) == 3
+    assert gate.prune_applied(limit=3) == 2
+    assert gate.prune_applied() == 0
+    with engine.connect() as conn:
+        left = conn.execute(sa.select(gate.applied_table.c.task_id)).scalars().all()
+    assert left == ["live"]
+    assert gate.applied("acct:1", "live") is not None
+    with pytest.raises(InvalidArgumentError):
+        gate.prune_applied(limit=0)
+
+
+def test_applied_record_commits_with_the_transaction(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """A transaction that rolls back leaves no record; the task id may then apply."""
+    execution = _once(5)
+    with pytest.raises(RuntimeError), token_context(execution), gate.transaction() as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=1))
+        raise RuntimeError("the task failed before COMMIT")
+    assert gate.applied("acct:1", "task-1") is None
+    with token_context(execution), gate.transaction() as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=2))
+    assert gate.applied("acct:1", "task-1") == execution.execution_id
+
+
+def test_column_mode_records_and_refuses_a_second_execution(
+    gate: SQLGate, engine: sa.Engine, accounts: sa.Table
+) -> None:
+    """fenced_update records in the caller's transaction; another execution's UPDATE is refused and rolls back.
+
+    The refusal comes after the UPDATE ran: the exception must leave ``engine.begin()`` to roll it back.
+    """
+    where = accounts.c.id == 1
+    first = _once(5)
+    with token_context(first), engine.begin() as conn:
+        assert gate.fenced_update(conn, accounts, None, where=where, values={"balance": 110}) == 1
+        assert gate.fenced_update(conn, accounts, None, where=where, values={"balance": 111}) == 1
+    assert gate.applied("acct:1", "task-1") == first.execution_id
+    with token_context(_once(6)), pytest.raises(AlreadyAppliedError) as refused, engine.begin() as conn:
+        gate.fenced_update(conn, accounts, None, where=where, values={"balance": 999})
+    assert refused.value.superseded is False
+    assert _balance(engine, accounts) == (111, 5)
+    # The older copy is below the row's fence and its task applied: superseded, not stale.
+    with token_context(_once(4)), pytest.raises(AlreadyAppliedError) as superseded, engine.begin() as conn:
+        gate.fenced_update(conn, accounts, None, where=where, values={"balance": 999})
+    assert superseded.value.superseded is True and superseded.value.high_water == 5
+
+
+def test_column_mode_with_exactly_once_refuses_autocommit(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
+    """Without a transaction the record could commit apart from the UPDATE: refused before any write."""
+    with token_context(_once(5)), engine.connect() as conn:
+        autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(FencingConfigurationError):
+            gate.fenced_update(autocommit, accounts, None, where=accounts.c.id == 1, values={"balance": 1})
+    assert _balance(engine, accounts) == (100, None)
+
+
+def test_claim_neither_records_nor_checks(gate: SQLGate) -> None:
+    """A claim is not an effect: it writes no record, and a second execution's claim passes."""
+    with token_context(_once(1)):
+        gate.claim()
+    assert gate.applied("acct:1", "task-1") is None
+    with token_context(_once(1)), gate.transaction():
+        pass
+    with token_context(_once(2)):
+        gate.claim()
+
+
+def test_missing_applied_table_fails_closed(engine: sa.Engine, unique_name: str) -> None:
+    """With exactly-once on and no applied-record table, the gate refuses with a clear error; without, it works."""
+    gate = SQLGate(engine, table=f"hw_{unique_name}", applied_table=f"ap_{unique_name}")
+    gate.table.create(engine)
+    try:
+        with token_context(_once(1)), pytest.raises(GateUnavailableError, match="create_schema"), gate.transaction():
+            pass
+        assert gate.high_water("acct:1") is None  # the refusal changed nothing
+        with token_context(Execution(T("acct:1", 1), task_id="task-1", once=False)), gate.transaction():
+            pass
+        assert gate.high_water("acct:1") == 1
+    finally:
+        gate.table.drop(engine)
+
+
+def test_applied_table_layout_and_metadata() -> None:
+    """applied_table joins the caller's MetaData once; resource and task id are binary on MySQL/MariaDB."""
+    metadata = sa.MetaData()
+    table = applied_table(metadata)
+    assert metadata.tables["fencing_applied"] is table and applied_table(metadata) is table
+    assert [c.name for c in table.primary_key.columns] == ["resource", "task_id"]
+    ddl = str(sa.schema.CreateTable(table).compile(dialect=sa.dialects.mysql.dialect()))
+    assert "resource VARBINARY(800) NOT NULL" in ddl and "task_id VARBINARY(800) NOT NULL" in ddl
+    assert "execution VARCHAR(64) NOT NULL" in ddl and "expires_at BIGINT NOT NULL" in ddl
