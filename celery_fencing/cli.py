@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
     inspect.add_argument("--sql-table", metavar="TABLE", default=None, help="SQLGate mark table (fencing_high_water)")
+    inspect.add_argument(
+        "--task-id",
+        metavar="ID",
+        action="append",
+        default=[],
+        help="also show which execution of this task applied on each resource (exactly once; repeatable)",
+    )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument("resources", metavar="RESOURCE", nargs="+", help="resource names, e.g. account:42")
 
@@ -156,7 +163,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         for url in args.gate:
             opened.append(gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table))
         peeker = open_peeker(args.source)
-        reports = inspect_resources(peeker, opened, list(args.resources))
+        reports = inspect_resources(peeker, opened, list(args.resources), list(args.task_id))
         source_label = peeker.description
         grantor: str | None = getattr(peeker, "grantor", None)
     finally:
@@ -191,6 +198,13 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
         marks = ["-" if mark is None else str(mark) for _, mark in report.marks]
         rows.append([report.resource, last, *marks, report.status])
     out.write(_table(header, rows) + "\n")
+    applied_rows = [
+        [report.resource, task_id, label, execution or "not applied (or expired)"]
+        for report in reports
+        for label, task_id, execution in report.applied
+    ]
+    if applied_rows:
+        out.write("\n" + _table(["resource", "task id", "gate", "applied by execution"], applied_rows) + "\n")
     notes = sorted({r.peek_note for r in reports if not r.peek_supported and r.peek_note})
     for note in notes:
         out.write(f"\nnote: {note}\n")

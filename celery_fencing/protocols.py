@@ -13,7 +13,7 @@ from .token import FencingToken
 if TYPE_CHECKING:
     from .context import Execution
 
-__all__ = ["FencedResultStore", "Gate", "TokenSource", "TokenVerifier"]
+__all__ = ["AppliedRecords", "FencedResultStore", "Gate", "TokenSource", "TokenVerifier"]
 
 
 @runtime_checkable
@@ -107,4 +107,13 @@ class FencedResultStore(Protocol):
 
     def seal_result(self, task_id: str, execution: Execution) -> None:
         """Make *execution* the one whose result stands; ``AlreadyAppliedError`` when another sealed first."""
+        ...
+
+
+@runtime_checkable
+class AppliedRecords(Protocol):
+    """A gate that records the task id of each effect (exactly once) and can say which execution applied."""
+
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """The id of the execution of *task_id* that applied on *resource*, or ``None`` (never, or expired)."""
         ...

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qsl, quote
 
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
+from ..protocols import AppliedRecords
 from ..sources import split_url
 from ..token import Mark, validate_grantor, validate_resource
 from .urls import OpenedGate, redact
@@ -278,6 +279,8 @@ class ResourceReport:
     mark_grantors: list[str | None] = field(default_factory=list)
     #: "ok", "GRANTOR MISMATCH" or "MARK AHEAD OF SOURCE".
     status: str = "ok"
+    #: Exactly-once records asked for (``--task-id``): (gate label, task id, execution id or ``None``).
+    applied: list[tuple[str, str, str | None]] = field(default_factory=list)
     #: The highest token the source can have issued for the resource, when that is more
     #: than ``last_token`` (ZooKeeper: the ensemble's last zxid).
     issued_bound: int | None = None
@@ -294,13 +297,18 @@ class ResourceReport:
                 {"gate": gate, "high_water": mark, "grantor": grantor}
                 for (gate, mark), grantor in zip(self.marks, grantors, strict=True)
             ],
+            "applied": [
+                {"gate": gate, "task_id": task_id, "execution": execution} for gate, task_id, execution in self.applied
+            ],
             "problems": self.problems,
             "status": self.status,
         }
 
 
-def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[str]) -> list[ResourceReport]:
-    """Read every resource's last token and marks.
+def inspect_resources(
+    peeker: Peeker, gates: list[OpenedGate], resources: list[str], task_ids: list[str] | None = None
+) -> list[ResourceReport]:
+    """Read every resource's last token and marks, and the exactly-once records of *task_ids* on it.
 
     :raises FencingConfigurationError: a bad resource name, or a server that
         could not be read (naming it).
@@ -332,6 +340,9 @@ def inspect_resources(peeker: Peeker, gates: list[OpenedGate], resources: list[s
                     hint = " (wrong --sql-table? the gate's table is made by SQLGate.create_schema())"
                 raise FencingConfigurationError(f"cannot read the mark at {opened.label}: {exc}{hint}") from exc
             report.marks.append((opened.label, mark))
+            for task_id in task_ids or ():
+                records = opened.gate if isinstance(opened.gate, AppliedRecords) else None
+                report.applied.append((opened.label, task_id, records.applied(resource, task_id) if records else None))
             mark_grantor = full.grantor if full is not None else None
             report.mark_grantors.append(mark_grantor)
             if mark_grantor is not None and source_grantor is not None and mark_grantor != source_grantor:

@@ -16,6 +16,14 @@ doubles as a checkpoint:
   (``ignore`` is the default policy for task-id resources: the newer execution
   owns the result), instead of finishing the whole job a second time.
 
+The task sets ``fencing_once=False``: it resumes from its own checkpoints,
+so a newer execution is meant to write after an older one applied chunks.
+With exactly-once (the default) the newer execution's first checkpoint would
+find the task applied by the older one and stop there, leaving the job
+unfinished if the older one never comes back. A job whose every step is
+keyed like this already makes a repeat harmless; exactly-once is for tasks
+whose effect must not happen twice.
+
 The real fix for the duplicate work is a ``time_limit`` below the visibility
 timeout (``celery-fencing doctor`` reports tasks without one); fencing makes
 the duplicate harmless when it happens anyway.
@@ -86,7 +94,7 @@ def story(**event: Any) -> None:
     client().rpush(f"{NAMESPACE}:story", json.dumps({"t": time.time(), **event}))
 
 
-@app.task(bind=True, base=FencedTask, fencing_gates=gates)
+@app.task(bind=True, base=FencedTask, fencing_gates=gates, fencing_once=False)
 def export(self: Task, export_id: str, chunks: int) -> int:
     """Produce *chunks* chunks of output, resuming after the last checkpoint a previous execution left."""
     token = self.request.fencing_token.value

@@ -129,6 +129,72 @@ def result_only_job_repeatable(self: Task, value: str) -> str:
     return _result_only(self, value)
 
 
+# Exactly once: the quickstart's task, and a chain ---------------------------------------
+
+
+def _pause_point(task: Task) -> None:
+    """Between the read and the write: the first attempt of each delivery waits until the test releases it.
+
+    Retries (a refused attempt redone) pass straight through, so the test
+    needs to release only the deliveries it pauses and re-delivers.
+    """
+    token = task.request.fencing_token
+    event("start", task.request.id, token.value, os.getpid())
+    if not task.request.retries:
+        wait_released(task.request.id, token.value)
+
+
+def _add_points(task: Task, user_id: int, points: int) -> None:
+    # docs/quickstart.md's add_points, with a pause point between its read and its write.
+    total = int(data().get(key("points", user_id)) or 0)  # read after the claim on the gate
+    _pause_point(task)
+    gates()[0].set(None, key("points", user_id), total + points)
+    event("applied", task.request.id, task.request.fencing_token.value, os.getpid())
+
+
+@app.task(bind=True, acks_late=True, base=FencedTask, fencing_resource="user:{user_id}", fencing_gates=gates)
+def add_points(self: Task, user_id: int, points: int) -> None:
+    """The quickstart's task: exactly once per task id (the default)."""
+    _add_points(self, user_id, points)
+
+
+@app.task(
+    bind=True,
+    acks_late=True,
+    base=FencedTask,
+    fencing_resource="user:{user_id}",
+    fencing_gates=gates,
+    fencing_once=False,
+)
+def add_points_repeatable(self: Task, user_id: int, points: int) -> None:
+    """The same with exactly-once off: fenced, but a refused copy retries, re-reads and adds again."""
+    _add_points(self, user_id, points)
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="order:{order_id}", fencing_gates=gates)
+def charge(self: Task, order_id: int) -> str:
+    """First step of a chain: charges an order (a gated read-modify-write of its total charged)."""
+    charged = int(data().get(key("charged", order_id)) or 0)
+    _pause_point(self)
+    gates()[0].set(None, key("charged", order_id), charged + 1)
+    return f"charged {order_id}"
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="order:{order_id}", fencing_gates=gates, fencing_once=False)
+def charge_repeatable(self: Task, order_id: int) -> str:
+    """The same with exactly-once off."""
+    charged = int(data().get(key("charged", order_id)) or 0)
+    _pause_point(self)
+    gates()[0].set(None, key("charged", order_id), charged + 1)
+    return f"charged {order_id}"
+
+
+@app.task
+def send_receipt(previous: str, order_id: int) -> None:
+    """Second step: a plain task whose effect (a receipt sent) counts how many times it ran."""
+    data().rpush(key("receipts", order_id), previous)
+
+
 # Read-modify-write ---------------------------------------------------------------------
 
 
@@ -139,6 +205,16 @@ def _think() -> None:
 @app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}", fencing_gates=gates)
 def deposit(self: Task, account_id: int, amount: int) -> int:
     """Fenced read-modify-write: claimed at start, so a paused older attempt cannot land its write."""
+    balance = int(data().get(key("balance", account_id)) or 0)
+    _think()
+    gates()[0].set(None, key("balance", account_id), balance + amount)
+    data().rpush(key("applied", account_id), self.request.id)
+    return balance + amount
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}", fencing_gates=gates, fencing_once=False)
+def deposit_repeatable(self: Task, account_id: int, amount: int) -> int:
+    """The fenced deposit without exactly-once: a re-delivered copy that is refused retries and deposits again."""
     balance = int(data().get(key("balance", account_id)) or 0)
     _think()
     gates()[0].set(None, key("balance", account_id), balance + amount)

@@ -76,6 +76,28 @@ def test_marks_of_three_gates_side_by_side(
     assert row.split() == ["account:42", "2", "2", "ok"]
 
 
+def test_task_id_shows_which_execution_applied(tmp_path: Path, redis_url: str, redis_gate: RedisGate) -> None:
+    """--task-id reads the exactly-once record of a task on each resource: the applying execution, or none."""
+    from celery_fencing import token_context
+    from celery_fencing.context import Execution
+
+    source = SQLiteTokenSource(tmp_path / "tokens.db")
+    token = source.mint("account:42")
+    source.close()
+    execution = Execution(token, task_id="task-a", once=True)
+    with token_context(execution):
+        redis_gate.set(None, f"{redis_gate.prefix}:data", 1)
+    args = ["--source", f"sqlite:///{tmp_path / 'tokens.db'}", "--gate", redis_url]
+    args += ["--redis-prefix", redis_gate.prefix, "--task-id", "task-a", "--task-id", "task-b"]
+    code, out, err = inspect(*args, "--json", "account:42")
+    assert code == 0, err
+    applied = {entry["task_id"]: entry["execution"] for entry in json.loads(out)["resources"][0]["applied"]}
+    assert applied == {"task-a": execution.execution_id, "task-b": None}
+    code, out, err = inspect(*args, "account:42")
+    assert code == 0, err
+    assert execution.execution_id in out and "not applied (or expired)" in out
+
+
 def test_inspect_mints_nothing(tmp_path: Path) -> None:
     """Peeking leaves the source's counter where it was: the next token is the one after the last minted."""
     source = SQLiteTokenSource(tmp_path / "tokens.db")

@@ -26,7 +26,9 @@ RESOURCE = "acct:{7}"
 
 
 @contextmanager
-def executing(value: int, task_id: str = "task-1", *, once: bool = True, retention: float = 60.0) -> Iterator[FencingToken]:
+def executing(
+    value: int, task_id: str = "task-1", *, once: bool = True, retention: float = 60.0
+) -> Iterator[FencingToken]:
     """One execution of *task_id* holding token *value*, current for the block."""
     token = FencingToken(RESOURCE, value)
     with token_context(Execution(token, task_id=task_id, once=once, once_retention=retention)):
@@ -54,9 +56,8 @@ def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter) -> None:
     with executing(2) as newer:
         adapter.claim(newer)
         adapter.append(newer, "log", 2)
-    with executing(1) as older:  # a new Execution object, but the resumed copy's own token
-        with pytest.raises(AlreadyAppliedError) as refused:
-            adapter.append(older, "log", 1)
+    with executing(1) as older, pytest.raises(AlreadyAppliedError) as refused:  # the resumed copy
+        adapter.append(older, "log", 1)
     assert refused.value.superseded is True
     assert adapter.log("log") == [2]
 
@@ -67,9 +68,8 @@ def test_a_stale_copy_of_an_unapplied_task_is_stale_not_applied(adapter: GateAda
         adapter.claim(older)
     with executing(2, "task-b") as other_task:
         adapter.append(other_task, "log", 2)
-    with executing(1, "task-a") as older:
-        with pytest.raises(StaleTokenError):
-            adapter.append(older, "log", 1)
+    with executing(1, "task-a") as older, pytest.raises(StaleTokenError):
+        adapter.append(older, "log", 1)
     assert adapter.log("log") == [2]
 
 
