@@ -174,17 +174,18 @@ def add_points_repeatable(self: Task, user_id: int, points: int) -> None:
 @app.task(bind=True, base=FencedTask, fencing_resource="order:{order_id}", fencing_gates=gates)
 def charge(self: Task, order_id: int) -> str:
     """First step of a chain: charges an order (a gated read-modify-write of its total charged)."""
-    charged = int(data().get(key("charged", order_id)) or 0)
-    _pause_point(self)
-    gates()[0].set(None, key("charged", order_id), charged + 1)
-    return f"charged {order_id}"
+    return _charge(self, order_id)
 
 
 @app.task(bind=True, base=FencedTask, fencing_resource="order:{order_id}", fencing_gates=gates, fencing_once=False)
 def charge_repeatable(self: Task, order_id: int) -> str:
     """The same with exactly-once off."""
+    return _charge(self, order_id)
+
+
+def _charge(task: Task, order_id: int) -> str:
     charged = int(data().get(key("charged", order_id)) or 0)
-    _pause_point(self)
+    _pause_point(task)
     gates()[0].set(None, key("charged", order_id), charged + 1)
     return f"charged {order_id}"
 
@@ -205,21 +206,21 @@ def _think() -> None:
 @app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}", fencing_gates=gates)
 def deposit(self: Task, account_id: int, amount: int) -> int:
     """Fenced read-modify-write: claimed at start, so a paused older attempt cannot land its write."""
+    return _fenced_deposit(self, account_id, amount)
+
+
+def _fenced_deposit(task: Task, account_id: int, amount: int) -> int:
     balance = int(data().get(key("balance", account_id)) or 0)
     _think()
     gates()[0].set(None, key("balance", account_id), balance + amount)
-    data().rpush(key("applied", account_id), self.request.id)
+    data().rpush(key("applied", account_id), task.request.id)
     return balance + amount
 
 
 @app.task(bind=True, base=FencedTask, fencing_resource="account:{account_id}", fencing_gates=gates, fencing_once=False)
 def deposit_repeatable(self: Task, account_id: int, amount: int) -> int:
     """The fenced deposit without exactly-once: a re-delivered copy that is refused retries and deposits again."""
-    balance = int(data().get(key("balance", account_id)) or 0)
-    _think()
-    gates()[0].set(None, key("balance", account_id), balance + amount)
-    data().rpush(key("applied", account_id), self.request.id)
-    return balance + amount
+    return _fenced_deposit(self, account_id, amount)
 
 
 @app.task(bind=True)
