@@ -6,7 +6,9 @@ Usage::
 
 Comparisons, each printed as two medians and their ratio (gated / plain):
 
-* Redis: ``RedisGate.set`` (one EVALSHA) against a plain ``SET``.
+* Redis: ``RedisGate.set`` (one EVALSHA) against a plain ``SET``, without and
+  with the exactly-once record (each call then a new task's execution, as a
+  fenced task's write is: the script also writes the record key).
 * PostgreSQL, MariaDB, SQLite, column mode: ``SQLGate.fenced_update`` against
   the plain single-row ``UPDATE`` it replaces, each in its own transaction
   (the write as an application commits it).
@@ -45,7 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from celery_fencing import FencingToken, RedisGate, SQLGate  # noqa: E402
+from celery_fencing import FencingToken, RedisGate, SQLGate, token_context  # noqa: E402
+from celery_fencing.context import Execution  # noqa: E402
 
 REDIS_URL = os.environ.get("FENCING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SQL_URLS = {
@@ -97,12 +100,24 @@ def measure(subjects: dict[str, Callable[[], object]], rounds: int, count: int, 
     return {name: statistics.median(values) / 1000 for name, values in samples.items()}
 
 
+def executions(token: FencingToken, run: str, calls: int) -> Iterator[Execution]:
+    """One new task's execution per call, made before the timing starts (a task makes its own once, at start)."""
+    return iter([Execution(token, task_id=f"{run}-task-{n}", once=True, once_retention=3600) for n in range(calls)])
+
+
 @contextmanager
-def redis_group(run: str) -> Iterator[Group]:
+def redis_group(run: str, calls: int) -> Iterator[Group]:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
     gate = RedisGate(client, prefix=f"{run}:fencing")
     token = FencingToken(f"{run}:{{acct}}", 5)
     gated_key, plain_key = f"{run}:{{acct}}:gated", f"{run}:{{acct}}:plain"
+    once_key = f"{run}:{{acct}}:once"
+    stream = executions(token, run, calls)
+
+    def once_set() -> None:
+        with token_context(next(stream)):
+            gate.set(token, once_key, "110")
+
     # The floor no gate can go below: invoking any Lua script with the same
     # keys and arguments (script setup in Redis, and the longer command to
     # pack and parse), against the same SET.
@@ -113,11 +128,13 @@ def redis_group(run: str) -> Iterator[Group]:
         yield Group(
             {
                 "gated set": lambda: gate.set(token, gated_key, "110"),
+                "gated set, once": once_set,
                 "SET": lambda: client.set(plain_key, "110"),
                 "empty script": lambda: empty(keys=empty_keys, args=empty_args),
             },
             [
                 Comparison("redis: RedisGate.set vs SET", "gated set", "SET", TARGETS["redis set"]),
+                Comparison("redis: RedisGate.set, exactly once vs SET", "gated set, once", "SET", TARGETS["redis set"]),
                 Comparison("redis, floor: EVALSHA 'return 1' vs SET", "empty script", "SET", None),
             ],
         )
@@ -215,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fencing-bench-"))
         for store in stores:
             if store == "redis":
-                groups = [stack.enter_context(redis_group(run))]
+                groups = [stack.enter_context(redis_group(run, args.warmup + args.rounds * args.count))]
             else:
                 url = SQL_URLS.get(store) or f"sqlite:///{Path(tmp) / 'bench.db'}"
                 groups = stack.enter_context(sql_groups(store, url, run))
