@@ -24,7 +24,8 @@ action}``                                 task id already applied (exactly once)
 ``session_state_changes_total{state}``    ``session_state_changed`` (SUSPENDED, LOST)
 ``gate_operations_total{task,gate,        gates wrapped in :class:`MeteredGate`: every
 operation,outcome}``                      claim and write, ``accepted``, ``rejected``
-                                          (stale or another resource's token) or
+                                          (stale or another resource's token),
+                                          ``already_applied`` (exactly once) or
                                           ``unavailable``
 ========================================  =====================================================
 
@@ -53,7 +54,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from .celery import signals
-from .exceptions import GateUnavailableError, LeaseLostError, ResourceMismatchError, StaleTokenError
+from .exceptions import (
+    AlreadyAppliedError,
+    GateUnavailableError,
+    LeaseLostError,
+    ResourceMismatchError,
+    StaleTokenError,
+)
 from .token import FencingToken
 
 __all__ = [
@@ -447,6 +454,8 @@ class MeteredGate:
         if isinstance(exc, (StaleTokenError, LeaseLostError, ResourceMismatchError)):
             resource = getattr(exc, "resource", None) or _token_resource(args, kwargs)
             self._record(operation, "rejected", resource)
+        elif isinstance(exc, AlreadyAppliedError):
+            self._record(operation, "already_applied", exc.resource or _token_resource(args, kwargs))
         elif isinstance(exc, GateUnavailableError):
             self._record(operation, "unavailable", _token_resource(args, kwargs))
         # Bad input, and the caller's own errors, are not the gate's verdict: not counted.

@@ -48,6 +48,7 @@ def test_nothing_is_connected_until_enabled_and_after_disabled() -> None:
     all_signals = [
         signals.token_minted,
         signals.fencing_rejected,
+        signals.duplicate_prevented,
         signals.result_dropped,
         signals.session_state_changed,
     ]
@@ -94,6 +95,28 @@ def test_eager_task_counts_mints_and_rejections(app: Celery) -> None:
     labels = {"task": name, "gate": "MemoryGate", "operation": "claim"}
     assert registry.get_sample_value("celery_fencing_gate_operations_total", {**labels, "outcome": "accepted"}) == 1
     assert registry.get_sample_value("celery_fencing_gate_operations_total", {**labels, "outcome": "rejected"}) == 1
+
+
+def test_duplicates_prevented_are_counted_apart_from_rejections(app: Celery) -> None:
+    """A second execution of one task id is counted as a duplicate prevented and an already_applied gate write."""
+    registry = CollectorRegistry()
+    enable_prometheus(registry)
+    gate = MeteredGate(MemoryGate())
+
+    @app.task(base=FencedTask, fencing_resource="acct:{n}", fencing_gates=[gate], shared=False)
+    def work(n: int) -> int:
+        gate.set(None, f"acct:{n}", n)
+        return n
+
+    assert work.apply((1,), task_id="same-task").get() == 1
+    # The same task id again, with a newer token: its write finds the task applied and it ends as done.
+    assert work.apply((1,), task_id="same-task").get() is None
+    name = work.name
+    labels = {"task": name, "phase": "body", "action": "done"}
+    assert registry.get_sample_value("celery_fencing_duplicates_prevented_total", labels) == 1
+    assert registry.get_sample_value("celery_fencing_rejections_total", {**labels, "action": "retry"}) is None
+    gate_labels = {"task": name, "gate": "MemoryGate", "operation": "set", "outcome": "already_applied"}
+    assert registry.get_sample_value("celery_fencing_gate_operations_total", gate_labels) == 1
 
 
 def test_resource_labels_are_opt_in(app: Celery) -> None:
