@@ -70,6 +70,9 @@ class Execution:
     once_retention: float = DEFAULT_ONCE_RETENTION
     #: Names this execution in applied records: two executions of one task id never share it.
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: The execution's body returned and its result write is to seal the task (no
+    #: callbacks to send first, so the seal rides on that write: one round trip less).
+    seals_with_result: bool = False
 
     def applied_record(self) -> AppliedRecord | None:
         """The record a gate writes with this execution's effects, or ``None`` without exactly-once."""

@@ -122,7 +122,11 @@ def _on_rejected(
 
 
 def _on_duplicate(sender: Any = None, phase: Any = None, action: Any = None, **_: Any) -> None:
-    _each(lambda o: o.duplicate(_task_name(sender), str(phase), str(action)))
+    # The result backend sends it too (phase "result"): the task's name is then the current task's.
+    task = _task_name(sender)
+    if task == _NO_TASK:
+        task = _current_task_name()
+    _each(lambda o: o.duplicate(task, str(phase), str(action)))
 
 
 def _on_dropped(sender: Any = None, task_id: Any = None, state: Any = None, reason: Any = None, **_: Any) -> None:

@@ -57,10 +57,9 @@ def _token_of(request: Any) -> FencingToken | None:
     return token if isinstance(token, FencingToken) else None
 
 
-def _execution_id_of(request: Any) -> str:
+def _execution_of(request: Any) -> Execution | None:
     execution = getattr(request, "fencing_execution", None) if request is not None else None
-    # '-' is never an execution id: a writer without one never matches a seal.
-    return execution.execution_id if isinstance(execution, Execution) else "-"
+    return execution if isinstance(execution, Execution) else None
 
 
 # Why a result write was dropped, by the script's refusal kind.
@@ -228,6 +227,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         meta["task_id"] = bytes_to_str(task_id)
         encoded = self.encode(meta)
         token = _token_of(request)
+        execution = _execution_of(request) if token else None
         write, _, _ = self._registered()
         keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id)]
         args = [
@@ -238,7 +238,9 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             "1" if state in states.READY_STATES else "0",
             self._expiry(state),
             (token.grantor or "") if token else "",
-            _execution_id_of(request) if token else "-",
+            # '-' is never an execution id: a writer without one never matches a seal.
+            execution.execution_id if execution is not None else "-",
+            "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
         ]
         reply = self._call(write, keys, args)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
@@ -254,6 +256,22 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             else:
                 reason = _DROP_REASONS.get(kind, kind)
             high_water = int(detail) if detail.isdigit() else None
+            if kind in ("applied", "superseded"):
+                # A duplicate made harmless, not a rejection: the sealing execution's result stands.
+                logger.info(
+                    "task %s already applied by another execution: its %s result is not stored again",
+                    bytes_to_str(task_id),
+                    state,
+                )
+                signals.duplicate_prevented.send(
+                    sender=self,
+                    task_id=bytes_to_str(task_id),
+                    resource=token.resource if token else None,
+                    phase="result",
+                    action="ignore",
+                    error=None,
+                )
+                return result
             logger.warning(
                 "dropped %s result of task %s: %s (token %s, high-water mark %s)",
                 state,

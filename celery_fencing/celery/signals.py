@@ -12,8 +12,9 @@ signal                     sent with
 ``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
                            ``high_water``, ``error``, ``action`` (retry/ignore/...),
                            ``phase`` (mint, claim or body)
-``duplicate_prevented``    ``sender`` task, ``task_id``, ``resource``, ``phase``
-                           (claim, body or seal), ``action`` (ignore, or done for
+``duplicate_prevented``    ``sender`` task (the backend for phase result), ``task_id``,
+                           ``resource``, ``phase`` (claim, body, seal, or result: a
+                           sealing result write came second), ``action`` (ignore, or done for
                            the newest execution, which finishes the task),
                            ``error`` (the :class:`~celery_fencing.AlreadyAppliedError`)
 ``result_dropped``         ``sender`` backend, ``task_id``, ``state``, ``token``,

@@ -405,6 +405,11 @@ class FencedTask(Task):  # type: ignore[misc]
         backend = self.backend
         if not execution.once or not isinstance(backend, FencedResultStore) or not execution.task_id:
             return
+        request = self.request
+        if not (request.callbacks or request.chain or request.chord or request.errbacks or request.ignore_result):
+            # Nothing is sent between the body and the result write: that write seals (first wins).
+            execution.seals_with_result = True
+            return
         try:
             backend.seal_result(execution.task_id, execution)
         except AlreadyAppliedError as exc:

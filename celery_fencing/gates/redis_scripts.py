@@ -234,7 +234,8 @@ WRITE_RESULT_SCRIPT = (
 -- KEYS[1] result key, KEYS[2] fence hash
 -- ARGV[1] encoded meta, ARGV[2] token as 20 digits or '' for none, ARGV[3] resource or '',
 -- ARGV[4] state, ARGV[5] '1' when the state is final, ARGV[6] expiry in seconds ('0': none),
--- ARGV[7] grantor id of the token or '', ARGV[8] execution id of the writer ('-' for none)
+-- ARGV[7] grantor id of the token or '', ARGV[8] execution id of the writer ('-' for none),
+-- ARGV[9] '1' when this write also seals the task (as SEAL_RESULT_SCRIPT: the first seal wins)
 -- returns 1 written; refusals tokenless, owner, grantor, corrupt, applied,
 --   superseded (another execution sealed the task), stale
 """
@@ -252,8 +253,12 @@ else
   -- The execution that sealed the task writes its result whatever the mark:
   -- it finished first, and every other execution defers to it.
   if done ~= ARGV[8] then
-    local refused = fence(mark, grantor, done, ARGV[2], ARGV[7], ARGV[8], KEYS[2])
+    -- A sealing write is not ordered by tokens: the first execution to finish its body wins.
+    local ordered = mark
+    if ARGV[9] == '1' then ordered = false end
+    local refused = fence(ordered, grantor, done, ARGV[2], ARGV[7], ARGV[8], KEYS[2])
     if refused then return redis.error_reply(refused) end
+    if ARGV[9] == '1' then redis.call('HSET', KEYS[2], 'done', ARGV[8]) end
   end
   if not mark or ARGV[2] > mark then redis.call('HSET', KEYS[2], 'mark', ARGV[2]) end
   redis.call('HSET', KEYS[2], 'resource', ARGV[3])

@@ -9,9 +9,10 @@ import pytest
 from celery import Celery, states
 from celery.app.task import Context
 
-from celery_fencing import FencingToken, StaleTokenError
+from celery_fencing import AlreadyAppliedError, FencingToken, StaleTokenError
 from celery_fencing.celery import signals
 from celery_fencing.celery.backend import FencedRedisBackend
+from celery_fencing.context import Execution
 
 
 def request_with(token: FencingToken | None) -> Context:
@@ -108,3 +109,64 @@ def test_get_wakes_up_on_a_fenced_write(app: Celery) -> None:
     app.backend.store_result("tid", "ok", states.SUCCESS, request=request_with(FencingToken("tid", 1)))
     waiter.join(20)
     assert got == ["ok"]
+
+
+def _sealing_request(token: FencingToken, *, with_result: bool) -> tuple[Context, Execution]:
+    execution = Execution(token, task_id="tid", once=True, seals_with_result=with_result)
+    request = request_with(token)
+    request.fencing_execution = execution
+    return request, execution
+
+
+def test_first_execution_to_seal_wins_whatever_the_tokens(app: Celery) -> None:
+    """Exactly once: the older execution seals first; the newer one's seal is refused and its result not stored."""
+    backend = app.backend
+    older, newer = FencingToken("tid", 7), FencingToken("tid", 9)
+    backend.claim_result("tid", older)
+    backend.claim_result("tid", newer)
+    older_request, older_execution = _sealing_request(older, with_result=False)
+    backend.seal_result("tid", older_execution)
+    backend.store_result("tid", "older", states.SUCCESS, request=older_request)
+    _, newer_execution = _sealing_request(newer, with_result=False)
+    with pytest.raises(AlreadyAppliedError):
+        backend.seal_result("tid", newer_execution)
+    with pytest.raises(AlreadyAppliedError):
+        backend.claim_result("tid", FencingToken("tid", 11))
+    assert app.AsyncResult("tid").get(timeout=5) == "older"
+
+
+def test_a_sealing_result_write_is_first_wins_and_reports_the_duplicate(app: Celery) -> None:
+    """Without callbacks the seal rides on the result write: the second writer is a duplicate prevented, not a drop."""
+    prevented: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+
+    def on_duplicate(sender: Any, **kwargs: Any) -> None:
+        prevented.append(kwargs)
+
+    def on_dropped(sender: Any, **kwargs: Any) -> None:
+        dropped.append(kwargs)
+
+    signals.duplicate_prevented.connect(on_duplicate, weak=False)
+    signals.result_dropped.connect(on_dropped, weak=False)
+    try:
+        backend = app.backend
+        older, newer = FencingToken("tid", 7), FencingToken("tid", 9)
+        backend.claim_result("tid", newer)
+        backend.store_result("tid", "older", states.SUCCESS, request=_sealing_request(older, with_result=True)[0])
+        backend.store_result("tid", "newer", states.SUCCESS, request=_sealing_request(newer, with_result=True)[0])
+    finally:
+        signals.duplicate_prevented.disconnect(on_duplicate)
+        signals.result_dropped.disconnect(on_dropped)
+    assert app.AsyncResult("tid").get(timeout=5) == "older"
+    assert [(p["task_id"], p["phase"]) for p in prevented] == [("tid", "result")]
+    assert dropped == []
+
+
+def test_without_a_seal_the_older_result_is_dropped(app: Celery) -> None:
+    """Negative control: the same writes without exactly-once follow token order, and the older result is dropped."""
+    backend = app.backend
+    older, newer = FencingToken("tid", 7), FencingToken("tid", 9)
+    backend.claim_result("tid", newer)
+    backend.store_result("tid", "older", states.SUCCESS, request=request_with(older))
+    backend.store_result("tid", "newer", states.SUCCESS, request=request_with(newer))
+    assert app.AsyncResult("tid").get(timeout=5) == "newer"

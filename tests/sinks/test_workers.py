@@ -297,9 +297,9 @@ def _redeliver_charge(world: World, once: bool) -> tuple[list[str], list[str]]:
     finally:
         w1.resume()
     world.release(result.id, first[2])
-    # w2 finished first and sealed the task (exactly once): w1 ends as done, without a result of its own.
-    wait_for(lambda: f"[{result.id}] ignored" in w1.log(), 60, "w1 to finish")
-    assert f"[{result.id}] already applied on '{result.id}' by another execution (at seal)" in w1.log()
+    # w2 finished first and sealed the task (exactly once): w1's result is not stored.
+    wait_for(lambda: f"[{result.id}] succeeded" in w1.log(), 60, "w1 to finish")
+    assert f"task {result.id} already applied by another execution: its SUCCESS result" in w1.log()
     return first, second
 
 
