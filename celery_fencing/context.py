@@ -48,6 +48,11 @@ class AppliedRecord:
     execution_id: str
     retention: float
 
+    @property
+    def retention_ms(self) -> int:
+        """The retention in whole milliseconds (at least 1), as Redis' ``PX`` takes it."""
+        return max(1, round(self.retention * 1000))
+
 
 @dataclass
 class Execution:

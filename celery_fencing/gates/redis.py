@@ -242,8 +242,7 @@ class RedisGate:
         """ARGV[1..5] of a write script: token, resource, grantor, execution id and record retention."""
         if record is None:
             return [encode_mark(token.value), token.resource, _grantor_arg(token), "", 0]
-        retention_ms = max(1, round(record.retention * 1000))
-        return [encode_mark(token.value), token.resource, _grantor_arg(token), record.execution_id, retention_ms]
+        return [encode_mark(token.value), token.resource, _grantor_arg(token), record.execution_id, record.retention_ms]
 
     # Gate protocol ------------------------------------------------------------
 
