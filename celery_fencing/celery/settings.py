@@ -11,6 +11,7 @@ attribute, e.g. ``fencing_on_stale``) wins over both for that task.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 from ..exceptions import FencingConfigurationError
 from ..policies import POLICY_NAMES
 
-__all__ = ["SETTINGS", "FencingSettings", "Setting", "read_settings", "redelivery_horizon"]
+__all__ = ["SETTINGS", "FencingSettings", "Setting", "check_unknown_settings", "read_settings", "redelivery_horizon"]
 
 MODES = ("token", "exclusive")
 
@@ -221,6 +222,7 @@ def read_settings(conf: Any) -> FencingSettings:
 
     :raises FencingConfigurationError: naming the first bad setting.
     """
+    check_unknown_settings(conf)
     values: dict[str, Any] = {}
     for entry in SETTINGS:
         raw = conf.get(entry.name, entry.default)
@@ -272,6 +274,18 @@ def redelivery_horizon(conf: Any) -> float:
     if broker.startswith(("amqp", "pyamqp", "rabbitmq")):
         return RABBITMQ_CONSUMER_TIMEOUT
     return REDIS_VISIBILITY_TIMEOUT
+
+
+def check_unknown_settings(conf: Any) -> None:
+    """Refuse a ``fencing_*`` name in *conf* that is no setting: a typo would otherwise be silently ignored.
+
+    :raises FencingConfigurationError: naming the first unknown setting, with the closest known name.
+    """
+    for key in sorted(str(key) for key in conf):
+        if key.lower().startswith("fencing_") and key not in _BY_NAME:
+            close = difflib.get_close_matches(key.lower(), list(_BY_NAME), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else f"; known settings: {', '.join(_BY_NAME)}"
+            raise FencingConfigurationError(f"unknown setting {key}{hint}")
 
 
 def setting(name: str) -> Setting:

@@ -55,9 +55,12 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import random
+import re
+import string
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -156,6 +159,9 @@ class FencedTask(Task):  # type: ignore[misc]
             )
         if cls.fencing_on_stale is not None:
             policy_from_setting(cls.fencing_on_stale, what=f"{cls.__name__}.fencing_on_stale")
+        template = cls.__dict__.get("fencing_resource")
+        if isinstance(template, str):
+            _check_template(cls, template)
 
     # Configuration -------------------------------------------------------------------
 
@@ -205,9 +211,11 @@ class FencedTask(Task):  # type: ignore[misc]
                 resource = spec.format_map(bound.arguments)
             return validate_resource(resource)
         except (KeyError, IndexError, AttributeError, TypeError, ValueError, InvalidTokenError) as exc:
+            # The arguments' values stay out of the message: it is logged, and they may be personal data.
             raise FencingConfigurationError(
                 f"task {self.name}: cannot build the fencing resource from {spec!r} "
-                f"with args={args!r:.100} kwargs={kwargs!r:.100}: {exc}"
+                f"({len(args)} positional and {len(kwargs)} keyword arguments: {', '.join(sorted(kwargs)) or '-'}): "
+                f"{type(exc).__name__}"
             ) from exc
 
     # Lifecycle ----------------------------------------------------------------------
@@ -560,6 +568,48 @@ def fenced_task(
         return app.task(**options)(fun)
 
     return decorate
+
+
+def _check_template(cls: type, template: str) -> None:
+    """Refuse, when the task is defined, a resource template that names an argument the task does not take.
+
+    Otherwise every message of the task would fail at run time. Fields may
+    reach into an argument (``{order.id}``, ``{items[0]}``); positional fields
+    (``{0}``, ``{}``) are refused, since the template is formatted by name.
+    """
+    run = cls.__dict__.get("run")
+    if run is None:
+        return
+    function = run.__func__ if isinstance(run, staticmethod) else run
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return  # a builtin or a C function: nothing to check against
+    if not isinstance(run, staticmethod) and parameters:
+        parameters = parameters[1:]  # bound tasks (bind=True) and class-defined run() take self first
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    names = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as exc:
+        raise FencingConfigurationError(
+            f"task {cls.__name__}: fencing_resource={template!r} is malformed: {exc}"
+        ) from None
+    for field in fields:
+        root = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if not root or root.isdigit():
+            raise FencingConfigurationError(
+                f"task {cls.__name__}: fencing_resource={template!r} has a positional field {{{field}}}; "
+                "name the argument instead"
+            )
+        if root not in names:
+            close = difflib.get_close_matches(root, sorted(names), n=1)
+            hint = f"; did you mean {{{close[0]}}}?" if close else ""
+            raise FencingConfigurationError(
+                f"task {cls.__name__}: fencing_resource={template!r} names {{{root}}}, which the task does not "
+                f"take (it takes: {', '.join(sorted(names)) or 'nothing'}){hint}"
+            )
 
 
 def _own_method(target: Any, name: str) -> Any:

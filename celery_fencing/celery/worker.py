@@ -49,6 +49,16 @@ class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, parent: Any, **options: Any) -> None:
         super().__init__(parent, **options)
+        try:
+            self._configure(parent, options)
+        except FencingConfigurationError as exc:
+            # One line that names the setting, flag or task; the traceback only says where in
+            # Celery's start-up this ran. At DEBUG it is shown, for whoever debugs the library.
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                raise
+            raise SystemExit(f"celery-fencing: the worker cannot start: {exc}") from None
+
+    def _configure(self, parent: Any, options: dict[str, Any]) -> None:
         app = parent.app
         for setting in SETTINGS:
             value = options.get(setting.name)

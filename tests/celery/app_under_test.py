@@ -8,10 +8,12 @@ FT_REDIS     Redis URL for the task data  FT_PREFIX   key prefix of this test
 FT_QUEUE     queue name                   FT_SOURCE   token source URL (optional:
                                                       tests also pass --fencing-source)
 FT_VISIBILITY_TIMEOUT  broker visibility timeout in seconds (Redis broker)
+FT_CONF      more settings, as a JSON object
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -41,6 +43,8 @@ app.conf.update(
 )
 if os.environ.get("FT_SOURCE"):
     app.conf.fencing_source = os.environ["FT_SOURCE"]
+if os.environ.get("FT_CONF"):
+    app.conf.update(json.loads(os.environ["FT_CONF"]))  # extra settings of one test
 if os.environ.get("FT_VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ["FT_VISIBILITY_TIMEOUT"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,6 +66,36 @@ def test_bad_flag_stops_the_worker_naming_it(scenario: Scenario, extra_args: tup
     with pytest.raises(AssertionError, match="exited with"):
         worker.start(timeout=60)
     assert named in worker.log()
+    _assert_one_line_error(worker.log())
+
+
+def _assert_one_line_error(log: str) -> None:
+    """The worker said why it cannot start in one line, without a traceback."""
+    lines = [line for line in log.splitlines() if line.startswith("celery-fencing: the worker cannot start: ")]
+    assert len(lines) == 1, log[-2000:]
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"fencing_timout": 3}, "unknown setting fencing_timout; did you mean fencing_timeout?"),
+        ({"fencing_max_retires": 3}, "unknown setting fencing_max_retires; did you mean fencing_max_retries?"),
+        ({"FENCING_SOURCE": "sqlite:///x.db"}, "unknown setting FENCING_SOURCE; did you mean fencing_source?"),
+    ],
+    ids=["timeout", "max-retries", "upper-case"],
+)
+def test_misspelt_setting_stops_the_worker_with_a_hint(
+    scenario: Scenario, settings: dict[str, object], message: str
+) -> None:
+    """A fencing_* setting that does not exist is refused at start, with the closest name, in one line."""
+    scenario.env["FT_CONF"] = json.dumps(settings)
+    worker = WorkerProcess(APP_MODULE, name="typo", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path)
+    scenario.workers.append(worker)
+    with pytest.raises(AssertionError, match="exited with"):
+        worker.start(timeout=60)
+    assert message in worker.log()
+    _assert_one_line_error(worker.log())
 
 
 def test_worker_without_source_refuses_to_start(scenario: Scenario) -> None:
@@ -77,3 +108,4 @@ def test_worker_without_source_refuses_to_start(scenario: Scenario) -> None:
     with pytest.raises(AssertionError, match="exited with"):
         worker.start(timeout=60)
     assert "no token source is configured" in worker.log()
+    _assert_one_line_error(worker.log())

@@ -5,6 +5,7 @@ These pin the task's logic quickly; the real-worker tests in tests/celery prove 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,3 +143,55 @@ def test_callable_options_are_not_bound_as_methods(app: Celery) -> None:
         job.delay(5).get()
     assert decisions == ["acct-5"]
     assert gate.high_water("acct-5") is not None
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("sku:{skuu}", "names {skuu}, which the task does not take (it takes: qty, sku); did you mean {sku}?"),
+        ("sku:{0}", "has a positional field {0}"),
+        ("sku:{}", "has a positional field {}"),
+        ("sku:{sku", "is malformed"),
+    ],
+    ids=["unknown-argument", "positional", "empty", "malformed"],
+)
+def test_bad_resource_template_is_refused_when_the_task_is_defined(template: str, message: str) -> None:
+    """A template that cannot be formatted from the task's arguments fails at definition, not at every message."""
+    app = Celery("templates", set_as_current=False)
+    app.finalize()
+    with pytest.raises(FencingConfigurationError, match=re.escape(message)):
+
+        @app.task(base=FencedTask, fencing_resource=template, shared=False)
+        def reserve(sku: str, qty: int) -> None: ...
+
+        assert reserve.name
+
+
+def test_templates_may_reach_into_arguments_and_bound_tasks_skip_self() -> None:
+    """Attribute and index access in a field, bind=True and **kwargs are all accepted at definition."""
+    app = Celery("templates", set_as_current=False)
+    app.finalize()
+
+    @app.task(base=FencedTask, fencing_resource="order:{order.id}:{items[0]}", shared=False)
+    def ship(order: object, items: list[str]) -> None: ...
+
+    @app.task(bind=True, base=FencedTask, fencing_resource="sku:{sku}", shared=False)
+    def bound(self: object, sku: str) -> None: ...
+
+    @app.task(base=FencedTask, fencing_resource="any:{whatever}", shared=False)
+    def flexible(**kwargs: object) -> None: ...
+
+    assert {ship.name, bound.name, flexible.name}
+
+
+def test_resource_error_names_no_argument_value() -> None:
+    """A resource that cannot be built at run time says why without putting the arguments' values in the log."""
+    app = Celery("templates", set_as_current=False)
+    app.finalize()
+
+    @app.task(base=FencedTask, fencing_resource=lambda card: f"card:{card['number']}", shared=False)
+    def charge(card: dict[str, str]) -> None: ...
+
+    with pytest.raises(FencingConfigurationError) as refused:
+        charge.fencing_resource_for((), {"card": {"holder": "4111 1111 1111 1111"}})
+    assert "4111" not in str(refused.value) and "card" in str(refused.value)
