@@ -166,14 +166,14 @@ from kazoo.protocol.states import EventType, KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
-from ..exceptions import (
+from ...exceptions import (
     FencingConfigurationError,
     InvalidTokenError,
     LeaseLostError,
     TokenUnavailableError,
 )
-from ..lease_state import LeaseState
-from ..token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validate_resource, validate_token_value
+from ...lease_state import LeaseState
+from ...token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validate_resource, validate_token_value
 
 __all__ = [
     "MAX_ZNODE_NAME_LENGTH",
@@ -184,7 +184,8 @@ __all__ = [
     "znode_name_to_resource",
 ]
 
-log = logging.getLogger(__name__)
+# Named as the module was before it became a package.
+log = logging.getLogger(__package__)
 
 #: Longest znode name a resource maps to: every character percent-encoded as
 #: up to 4 UTF-8 bytes of 3 characters each. Far below ZooKeeper's 1 MB packet limit.
@@ -611,7 +612,7 @@ class ZooKeeperTokenSource:
         :raises FencingConfigurationError: naming what is wrong with *url*
             (with the password shown as ``***``).
         """
-        from . import _parse_seconds, redact_url, split_url
+        from .. import _parse_seconds, redact_url, split_url
 
         if not isinstance(url, str):
             raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
