@@ -143,13 +143,10 @@ as the source is open. A caller's client is never started or stopped by the sour
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
-import math
 import os
-import re
 import socket
 import threading
 import time
@@ -157,14 +154,11 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
-from kazoo.protocol.serialization import Auth
 from kazoo.protocol.states import EventType, KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
-from kazoo.security import make_digest_acl
 
 from ...exceptions import (
     FencingConfigurationError,
@@ -173,7 +167,10 @@ from ...exceptions import (
     TokenUnavailableError,
 )
 from ...lease_state import LeaseState
-from ...token import MAX_RESOURCE_LENGTH, FencingToken, validate_grantor, validate_resource, validate_token_value
+from ...token import FencingToken, validate_grantor, validate_resource, validate_token_value
+from . import config
+from .config import ZooKeeperTLS
+from .names import LEASE_MARKER, MAX_ZNODE_NAME_LENGTH, lease_sequence, resource_to_znode_name, znode_name_to_resource
 
 __all__ = [
     "MAX_ZNODE_NAME_LENGTH",
@@ -187,109 +184,11 @@ __all__ = [
 # Named as the module was before it became a package.
 log = logging.getLogger(__package__)
 
-#: Longest znode name a resource maps to: every character percent-encoded as
-#: up to 4 UTF-8 bytes of 3 characters each. Far below ZooKeeper's 1 MB packet limit.
-MAX_ZNODE_NAME_LENGTH = 12 * MAX_RESOURCE_LENGTH
-
-# Besides letters, digits and "_.-~" (always kept by quote): readable separators
-# that are plain characters in a znode name.
-_KEPT = ":@+=,!"
-# "." and ".." are not valid path components, and "zookeeper" is reserved at the
-# top level; our names never sit at the top, but refusing it everywhere is simpler.
-_RESERVED = frozenset({".", "..", "zookeeper"})
-_LEASE_MARKER = "-lease-"
 _HOLDER_STATES = frozenset({"held", "released", "failed"})
-_DEFAULT_PORT = 2181
 # How many token znodes a source remembers having written (see ZooKeeperTokenSource._known).
 _KNOWN_PATHS = 10_000
 # How far the create-or-setData guess for unknown znodes looks back (see mint_many).
 _GUESS_MEMORY = 8
-_HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
-
-
-def resource_to_znode_name(resource: str) -> str:
-    """Map a resource name to a single, valid znode name, reversibly.
-
-    Percent-encodes ``/``, ``%``, spaces, every non-ASCII character (as UTF-8)
-    and everything else outside a small safe set; ``.``, ``..`` and
-    ``zookeeper`` get their first character encoded. The result is at most
-    :data:`MAX_ZNODE_NAME_LENGTH` characters.
-
-    :raises InvalidTokenError: *resource* is not a valid resource name.
-    """
-    name = quote(validate_resource(resource), safe=_KEPT)
-    if name in _RESERVED:
-        name = f"%{ord(name[0]):02X}{name[1:]}"
-    return name
-
-
-def znode_name_to_resource(name: str) -> str:
-    """Invert :func:`resource_to_znode_name`.
-
-    :raises InvalidTokenError: *name* is not a name that function produces.
-    """
-    try:
-        resource = unquote(name, errors="strict")
-    except UnicodeDecodeError as exc:
-        raise InvalidTokenError(f"znode name {name!r:.80} is not a percent-encoded resource: {exc}") from exc
-    if resource_to_znode_name(resource) != name:
-        raise InvalidTokenError(f"znode name {name!r:.80} is not in the canonical encoding of a resource")
-    return resource
-
-
-def _validate_root(root: object) -> str:
-    if not isinstance(root, str) or not root.startswith("/"):
-        raise FencingConfigurationError(f"ZooKeeper root must be an absolute znode path like '/fencing', got {root!r}")
-    stripped = root.rstrip("/")
-    parts = stripped.split("/")[1:]
-    if not parts:
-        raise FencingConfigurationError("ZooKeeper root must name a znode below '/', e.g. '/fencing'")
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise FencingConfigurationError(f"ZooKeeper root {root!r} has an empty, '.' or '..' component")
-        for char in part:
-            code = ord(char)
-            if code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xF900 or code >= 0xFFF0:
-                raise FencingConfigurationError(f"ZooKeeper root {root!r} contains the invalid character {char!r}")
-    if parts[0] == "zookeeper":
-        raise FencingConfigurationError(f"ZooKeeper root {root!r} is inside /zookeeper, which ZooKeeper reserves")
-    return stripped
-
-
-def _validate_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise FencingConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _validate_lock_delay(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise FencingConfigurationError(f"lock_delay must be a number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def _validate_hosts(hosts: object, url: str | None = None) -> str:
-    where = f" in {url!r}" if url is not None else ""
-    if not isinstance(hosts, str) or not hosts.strip():
-        raise FencingConfigurationError(f"ZooKeeper hosts must be 'host:port[,host:port...]'{where}, got {hosts!r}")
-    for item in hosts.split(","):
-        match = _HOST_PORT.match(item.strip())
-        if match is None:
-            raise FencingConfigurationError(f"malformed ZooKeeper host {item!r}{where}: expected host:port")
-        port = match.group("port")
-        if port is not None and not 0 < int(port) < 65536:
-            raise FencingConfigurationError(f"ZooKeeper port {port} out of range{where}")
-    return hosts
-
-
-def _lease_sequence(name: str) -> int | None:
-    head, marker, digits = name.rpartition(_LEASE_MARKER)
-    if not marker or not head:
-        return None
-    try:
-        return int(digits)
-    except ValueError:
-        return None
 
 
 def _holder_record(state: str, lock: str, holder: str) -> bytes:
@@ -312,88 +211,6 @@ def _read_holder_record(data: bytes) -> tuple[str, str]:
     if state not in _HOLDER_STATES or not isinstance(lock, str):
         return "held", "?"
     return str(state), lock
-
-
-@dataclasses.dataclass(frozen=True)
-class ZooKeeperTLS:
-    """TLS to the ensemble's ``secureClientPort`` (kazoo's ``use_ssl``).
-
-    :param ca: PEM file of the CA that signed the servers' certificates
-        (default: the system's trust store).
-    :param certfile: PEM client certificate, for servers with ``ssl.clientAuth=need``.
-    :param keyfile: PEM key of *certfile*.
-    :param verify_certs: check the server's certificate (and host name). Only
-        turn it off to test.
-    """
-
-    ca: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    verify_certs: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("ca", "certfile", "keyfile"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value or "\0" in value):
-                raise FencingConfigurationError(f"ZooKeeperTLS {name} must be a file path, got {value!r:.80}")
-        if (self.certfile is None) != (self.keyfile is None):
-            raise FencingConfigurationError("ZooKeeperTLS needs both certfile and keyfile, or neither")
-        if not isinstance(self.verify_certs, bool):
-            raise FencingConfigurationError(f"ZooKeeperTLS verify_certs must be a bool, got {self.verify_certs!r}")
-
-
-def _validate_digest(digest: object) -> tuple[str, str] | None:
-    if digest is None:
-        return None
-    if (
-        isinstance(digest, tuple)
-        and len(digest) == 2
-        and all(isinstance(part, str) and part and "\0" not in part for part in digest)
-        and ":" not in digest[0]
-    ):
-        return digest[0], digest[1]
-    # Never echo the value: it holds the password.
-    raise FencingConfigurationError(
-        "digest must be a (username, password) pair of non-empty str, the username without ':'"
-    )
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-class _MaskingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """kazoo's logger, with the ``auth`` of authentication packets masked.
-
-    kazoo logs each request it sends at DEBUG ("Sending request(xid=-4):
-    Auth(auth_type=0, scheme='digest', auth='user:password')"); this adapter
-    is the ``logger=`` of the clients this module builds, so that record
-    carries ``auth='***'`` instead. Everything else goes to kazoo's logger
-    (``kazoo.client``) unchanged, so its configuration still applies.
-    """
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        masked = tuple(_mask(arg) for arg in args)
-        super().log(level, msg, *masked, **kwargs)
-
-    def warn(self, msg: object, *args: object, **kwargs: Any) -> None:  # kazoo still calls warn()
-        self.log(logging.WARNING, msg, *args, **kwargs)
-
-
-def _mask(arg: object) -> object:
-    if isinstance(arg, Auth):
-        return arg._replace(auth="***")
-    return arg
-
-
-_KAZOO_LOGGER = _MaskingLogger(logging.getLogger("kazoo.client"), {})
-
-
-def _url_flag(name: str, raw: str, shown: str) -> bool:
-    if raw.strip().lower() in _TRUE:
-        return True
-    if raw.strip().lower() in _FALSE:
-        return False
-    raise FencingConfigurationError(f"{name}={raw!r:.40} in {shown!r} must be true or false")
 
 
 # Sources that build their own client, reset in a forked child before any of its threads run.
@@ -560,7 +377,7 @@ class ZooKeeperTokenSource:
     ) -> None:
         if (hosts is None) == (client is None):
             raise FencingConfigurationError("ZooKeeperTokenSource needs exactly one of hosts= or client=")
-        self._digest = _validate_digest(digest)
+        self._digest = config.validate_digest(digest)
         if tls is not None and not isinstance(tls, ZooKeeperTLS):
             raise FencingConfigurationError(f"tls must be a ZooKeeperTLS, not {type(tls).__name__}")
         self.tls = tls
@@ -568,11 +385,11 @@ class ZooKeeperTokenSource:
             raise FencingConfigurationError(
                 "digest= and tls= configure a client the source builds; give your own client its auth and TLS"
             )
-        self.hosts = _validate_hosts(hosts) if hosts is not None else None
-        self.root = _validate_root(root)
-        self.timeout = _validate_seconds("timeout", timeout)
-        self.session_timeout = _validate_seconds("session_timeout", session_timeout)
-        self.lock_delay = _validate_lock_delay(lock_delay)
+        self.hosts = config.validate_hosts(hosts) if hosts is not None else None
+        self.root = config.validate_root(root)
+        self.timeout = config.validate_seconds("timeout", timeout)
+        self.session_timeout = config.validate_seconds("session_timeout", session_timeout)
+        self.lock_delay = config.validate_lock_delay(lock_delay)
         self._owns_client = client is None
         self._client: Any = client
         self._pid = os.getpid()
@@ -612,58 +429,8 @@ class ZooKeeperTokenSource:
         :raises FencingConfigurationError: naming what is wrong with *url*
             (with the password shown as ``***``).
         """
-        from .. import _parse_seconds, redact_url, split_url
-
-        if not isinstance(url, str):
-            raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
-        shown = redact_url(url)
-        parts = split_url(url, "ZooKeeper URL")
-        if parts.scheme.lower() != "zookeeper":
-            raise FencingConfigurationError(f"not a zookeeper:// URL: {shown!r}")
-        credentials, at, netloc = parts.netloc.rpartition("@")
-        digest = None
-        if at:
-            user, colon, password = credentials.partition(":")
-            if not colon or not user or not password:
-                raise FencingConfigurationError(f"ZooKeeper URL {shown!r}: credentials must be user:password@")
-            digest = _validate_digest((unquote(user), unquote(password)))
-        if not netloc:
-            raise FencingConfigurationError(f"zookeeper:// URL {shown!r} names no host")
-        if parts.fragment:
-            raise FencingConfigurationError(f"zookeeper:// URL {shown!r} must not have a #fragment")
-        hosts = _validate_hosts(netloc, shown)
-        path = unquote(parts.path)
-        root = path if path not in ("", "/") else "/fencing"
-        try:
-            params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-        except ValueError as exc:
-            raise FencingConfigurationError(f"malformed query string in ZooKeeper URL {shown!r}: {exc}") from exc
-        tls_params = {"tls", "ca", "certfile", "keyfile", "verify_certs"}
-        allowed = {"timeout", "session_timeout"} | tls_params
-        unknown = sorted(set(params) - allowed)
-        if unknown:
-            raise FencingConfigurationError(
-                f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; zookeeper:// accepts "
-                f"{', '.join(sorted(allowed))}"
-            )
-        tls = None
-        if tls_params & set(params):
-            if not _url_flag("tls", params.get("tls", "true"), shown):
-                if set(params) & (tls_params - {"tls"}):
-                    raise FencingConfigurationError(f"TLS options in {shown!r} need tls=true")
-            else:
-                tls = ZooKeeperTLS(
-                    ca=params.get("ca") or None,
-                    certfile=params.get("certfile") or None,
-                    keyfile=params.get("keyfile") or None,
-                    verify_certs=_url_flag("verify_certs", params.get("verify_certs", "true"), shown),
-                )
-        seconds = {name: _parse_seconds(shown, name, raw) for name, raw in params.items() if name not in tls_params}
-        try:
-            root = _validate_root(root)
-        except FencingConfigurationError as exc:
-            raise FencingConfigurationError(f"{exc} (in {shown!r})") from None
-        return cls(hosts, root=root, digest=digest, tls=tls, **seconds)
+        settings = config.parse_url(url)
+        return cls(settings.hosts, root=settings.root, digest=settings.digest, tls=settings.tls, **settings.seconds)
 
     def client_options(self) -> dict[str, Any]:
         """The ``KazooClient`` keyword arguments for this source's auth, ACL, TLS and password-masking logger.
@@ -671,20 +438,7 @@ class ZooKeeperTokenSource:
         For tools that open a client of their own on the same ensemble
         (``celery-fencing inspect``). The result holds the password: never log it.
         """
-        options: dict[str, Any] = {"logger": _KAZOO_LOGGER}
-        if self._digest is not None:
-            user, password = self._digest
-            options["auth_data"] = [("digest", f"{user}:{password}")]
-            options["default_acl"] = [make_digest_acl(user, password, all=True)]
-        if self.tls is not None:
-            options.update(
-                use_ssl=True,
-                ca=self.tls.ca,
-                certfile=self.tls.certfile,
-                keyfile=self.tls.keyfile,
-                verify_certs=self.tls.verify_certs,
-            )
-        return options
+        return config.client_options(self._digest, self.tls)
 
     @property
     def username(self) -> str | None:
@@ -973,7 +727,7 @@ class ZooKeeperTokenSource:
         :raises FencingConfigurationError: *lock_delay* is negative or not a number.
         """
         validate_resource(resource)
-        delay = self.lock_delay if lock_delay is None else _validate_lock_delay(lock_delay)
+        delay = self.lock_delay if lock_delay is None else config.validate_lock_delay(lock_delay)
         deadline = self._deadline(timeout)
         client = self._usable_client(resource)
         if self._orphans:
@@ -1032,7 +786,7 @@ class ZooKeeperTokenSource:
     # Connection ----------------------------------------------------------------
 
     def _deadline(self, timeout: float | None) -> float:
-        seconds = self.timeout if timeout is None else _validate_seconds("timeout", timeout)
+        seconds = self.timeout if timeout is None else config.validate_seconds("timeout", timeout)
         return time.monotonic() + seconds
 
     def _usable_client(self, resource: str | None) -> Any:
@@ -1315,7 +1069,7 @@ class ZooKeeperTokenSource:
         lock_dir = self._lock_dir(resource)
         # A unique prefix finds our node again if a create's reply is lost, and keeps
         # lock paths unique even if the lock directory is deleted and re-created.
-        prefix = f"{uuid.uuid4().hex}{_LEASE_MARKER}"
+        prefix = f"{uuid.uuid4().hex}{LEASE_MARKER}"
         holder = f"{socket.gethostname()}:{os.getpid()}".encode()
         # Read in the session that will own the lock node: a lease's tokens are minted under
         # check(lock node), which only a live node of that same session passes.
@@ -1398,7 +1152,7 @@ class ZooKeeperTokenSource:
             children = self._request(
                 client, lambda: client.get_children_async(lock_dir), deadline, resource, "getChildren"
             )
-            queue = sorted((seq, name) for name in children if (seq := _lease_sequence(name)) is not None)
+            queue = sorted((seq, name) for name in children if (seq := lease_sequence(name)) is not None)
             names = [name for _, name in queue]
             if own not in names:
                 raise TokenUnavailableError(
@@ -1604,7 +1358,7 @@ class ZooKeeperTokenSource:
         """
         client = self._client
         lock_dir, own = lease.lock_path.rsplit("/", 1)
-        own_sequence = _lease_sequence(own)
+        own_sequence = lease_sequence(own)
         if client is None or own_sequence is None:
             return
 
@@ -1613,7 +1367,7 @@ class ZooKeeperTokenSource:
                 children = async_result.get_nowait()
             except Exception:
                 return
-            if any((sequence := _lease_sequence(name)) is not None and sequence > own_sequence for name in children):
+            if any((sequence := lease_sequence(name)) is not None and sequence > own_sequence for name in children):
                 lease._mark_contended()
 
         def on_event(_event: Any) -> None:
@@ -1655,7 +1409,7 @@ class ZooKeeperTokenSource:
             self._delete_lock_node(client, lease.lock_path, wait=wait)
             return
         lock_dir, name = lease.lock_path.rsplit("/", 1)
-        prefix = name[: name.rindex(_LEASE_MARKER) + len(_LEASE_MARKER)]
+        prefix = name[: name.rindex(LEASE_MARKER) + len(LEASE_MARKER)]
         key = (lock_dir, prefix)
         with self._lock:
             self._orphans.add(key)
@@ -1683,7 +1437,7 @@ class ZooKeeperTokenSource:
 
     def _delete_lock_node(self, client: Any, path: str, *, wait: bool) -> None:
         lock_dir, name = path.rsplit("/", 1)
-        prefix = name[: name.rindex(_LEASE_MARKER) + len(_LEASE_MARKER)]
+        prefix = name[: name.rindex(LEASE_MARKER) + len(LEASE_MARKER)]
         if not (client.connected and client.state == KazooState.CONNECTED):
             # Not sent while suspended (it could run later on a new session, harmlessly, but
             # it could also be dropped): remember it; it is retried once reconnected.
