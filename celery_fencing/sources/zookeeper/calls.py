@@ -21,7 +21,7 @@ from kazoo.exceptions import NodeExistsError
 from ...exceptions import TokenUnavailableError
 from .session import Session
 
-__all__ = ["collect", "create_path", "pipelined", "request"]
+__all__ = ["collect", "create_path", "pipelined", "request", "send_checked_set"]
 
 
 def request(
@@ -102,3 +102,14 @@ def create_path(session: Session, client: Any, path: str, deadline: float, resou
             "create",
             NodeExistsError,
         )
+
+
+def send_checked_set(client: Any, lock_path: str, path: str, data: bytes, version: int = -1) -> Any:
+    """Send ``[check(lock_path), setData(path, data, version)]``: a write only the lock node's holder can make.
+
+    A failed multi-op does not raise: its reply lists an error per operation.
+    """
+    transaction = client.transaction()
+    transaction.check(lock_path, -1)
+    transaction.set_data(path, data, version)
+    return transaction.commit_async()

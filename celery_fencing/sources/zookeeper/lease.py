@@ -30,7 +30,7 @@ from kazoo.protocol.states import EventType, ZnodeStat
 from ...exceptions import LeaseLostError, TokenUnavailableError
 from ...lease_state import LeaseState
 from ...token import FencingToken
-from .calls import create_path, request
+from .calls import create_path, request, send_checked_set
 from .grantor import Grantor, token_from
 from .lock_delay import HolderRecords, whoami
 from .names import LEASE_MARKER, Layout, lease_sequence
@@ -341,14 +341,8 @@ class LockQueue:
         """Mint with [check(lock node), setData(token node)]: a holder without its lock cannot mint."""
         resource = lease.resource
         token_path = self._layout.token(resource)
+        send = functools.partial(send_checked_set, client, lease.lock_path, token_path, b"")
         for attempt in range(2):
-
-            def send() -> Any:
-                transaction = client.transaction()
-                transaction.check(lease.lock_path, -1)
-                transaction.set_data(token_path, b"")
-                return transaction.commit_async()
-
             results = request(self._session, client, send, deadline, resource, "multi [check, setData]")
             # A failed transaction does not raise: every entry must be looked at.
             pair = results if isinstance(results, list) and len(results) == 2 else None

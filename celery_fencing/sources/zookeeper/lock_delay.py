@@ -33,7 +33,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.protocol.states import KazooState, ZnodeStat
 
 from ...exceptions import LeaseLostError, TokenUnavailableError
-from .calls import create_path, request
+from .calls import create_path, request, send_checked_set
 from .names import Layout, lock_prefix
 from .orphans import delete_lock_node, track_orphan
 from .session import Session
@@ -157,14 +157,8 @@ class HolderRecords:
         """
         resource = lease.resource
         path = self._layout.holder(resource)
+        send = functools.partial(send_checked_set, client, lease.lock_path, path, data, version)
         for attempt in range(2):
-
-            def send() -> Any:
-                transaction = client.transaction()
-                transaction.check(lease.lock_path, -1)
-                transaction.set_data(path, data, version)
-                return transaction.commit_async()
-
             results = request(self._session, client, send, deadline, resource, "multi [check, setData holder]")
             if not (isinstance(results, list) and len(results) == 2):
                 break
