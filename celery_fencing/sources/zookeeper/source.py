@@ -5,9 +5,10 @@ A token is the ``mzxid`` of one write: a ``setData`` on the resource's znode
 ``<root>/transient`` for :meth:`~ZooKeeperTokenSource.mint_transient`.
 Errors: everything that prevents minting raises
 :class:`~celery_fencing.TokenUnavailableError` with the driver's error
-chained, and never before the deadline has been respected; a mint whose
-session changed while it ran is done again (at most three times), so a token
-never carries the grantor id of data it was not minted from.
+chained, within the call's timeout; a bad resource name raises
+:class:`~celery_fencing.InvalidTokenError` before anything is sent. A mint
+whose session changed while it ran is done again (at most three times), so a
+token never carries the grantor id of data it was not minted from.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class ZooKeeperTokenSource:
             session_timeout=self.session_timeout,
             options=self.client_options,
         )
+        # The session knows when it is back; what to clean up is the leases' business.
         self._session.clean_orphans = functools.partial(clean_orphans, self._session)
         self._grantor = Grantor(self._session, self._layout)
         self._writer = TokenWriter(self._session)
