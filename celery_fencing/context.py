@@ -25,6 +25,7 @@ __all__ = [
     "applied_record",
     "current_execution",
     "current_token",
+    "fence_state_ttl_ms",
     "resolve_token",
     "token_context",
 ]
@@ -75,6 +76,10 @@ class Execution:
     once_retention: float = DEFAULT_ONCE_RETENTION
     #: Names this execution in applied records: two executions of one task id never share it.
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Seconds the gates keep their fence state (mark, grantor, key owners) of the
+    #: execution's resource, or ``None`` for good. Set for a task-id resource, which
+    #: is never fenced again once its task is done.
+    transient_retention: float | None = None
     #: The execution's body returned and its result write is to seal the task (no
     #: callbacks to send first, so the seal rides on that write: one round trip less).
     seals_with_result: bool = False
@@ -105,6 +110,18 @@ def applied_record(token: FencingToken) -> AppliedRecord | None:
     if execution is None or not execution.once or execution.token != token:
         return None
     return execution.applied_record()
+
+
+def fence_state_ttl_ms(token: FencingToken) -> int:
+    """Milliseconds a gate keeps its fence state of *token*'s resource: 0 for good.
+
+    Non-zero only for the current execution's own token, on a transient
+    resource (a task id).
+    """
+    execution = _current.get()
+    if execution is None or execution.transient_retention is None or execution.token != token:
+        return 0
+    return max(1, round(execution.transient_retention * 1000))
 
 
 def current_token() -> FencingToken | None:

@@ -108,6 +108,11 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         """The fence hash's key: beside the result key, under the same global prefix."""
         return f"{bytes_to_str(self.fence_keyprefix)}{bytes_to_str(task_id)}"
 
+    def _forget(self, task_id: str) -> None:
+        """``AsyncResult.forget()``: the fence hash goes with the result, so the id can be stored again."""
+        super()._forget(task_id)
+        self.delete(self.get_key_for_fence(task_id))
+
     def _expiry(self, state: str) -> int:
         expires = self.failure_expires if state == states.FAILURE else self.expires
         return int(expires or 0)

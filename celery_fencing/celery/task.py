@@ -268,6 +268,8 @@ class FencedTask(Task):  # type: ignore[misc]
             abort_on_session_loss=settings.abort_on_session_loss,
             once=once,
             once_retention=settings.once_retention,
+            # A task id is never fenced again once its task is done: its fence state expires with the records.
+            transient_retention=settings.once_retention if resource_is_task_id else None,
         )
         request.fencing_token = token
         request.fencing_execution = execution
@@ -280,7 +282,8 @@ class FencedTask(Task):  # type: ignore[misc]
         )
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         try:
-            self._claim(runtime, token, request, batch=resource_is_task_id)
+            with token_context(execution):  # the gates read the execution's retention from it
+                self._claim(runtime, token, request, batch=resource_is_task_id)
         except AlreadyAppliedError as exc:
             # The task was sealed by another execution: it is done, nothing to run.
             self._end(execution, keep_lease=False)

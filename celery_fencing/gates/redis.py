@@ -20,12 +20,18 @@ Key layout, for a gate with ``prefix="fencing"``:
 ``fencing:grantor:<resource>``      the grantor id the mark belongs to (absent
                                     until a token with a grantor passes the mark)
 ``fencing:owner:<key>``             the resource a data key is bound to, set on
-                                    the key's first gated write, never removed
+                                    the key's first gated write
 ``fencing:applied:<resource>:<id>`` the execution of task ``<id>`` that applied
                                     on the resource (exactly once; expires after
                                     the execution's retention)
 ``<key>``                           your data, untouched by the gate's naming
 ==================================  ==============================================
+
+Lifetimes: a domain resource's mark, grantor and owner keys are kept for
+good (they are what refuses a stale writer). Inside a fenced task whose
+resource is its task id, they expire with the task's retention
+(``fencing_once_retention``): a task id is never fenced again once its task
+is done.
 
 Exactly once: inside a fenced task (``fencing_once``, on by default), every
 gated write also records "task id T applied on resource R by execution E" in
@@ -82,7 +88,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..context import AppliedRecord, applied_record, resolve_token
+from ..context import AppliedRecord, applied_record, fence_state_ttl_ms, resolve_token
 from ..exceptions import (
     AlreadyAppliedError,
     FencingConfigurationError,
@@ -239,10 +245,11 @@ class RedisGate:
 
     @staticmethod
     def _fence_args(token: FencingToken, record: AppliedRecord | None) -> list[Any]:
-        """ARGV[1..5] of a write script: token, resource, grantor, execution id and record retention."""
-        if record is None:
-            return [encode_mark(token.value), token.resource, _grantor_arg(token), "", 0]
-        return [encode_mark(token.value), token.resource, _grantor_arg(token), record.execution_id, record.retention_ms]
+        """ARGV[1..6] of a write script: token, resource, grantor, execution id, record retention, state ttl."""
+        execution, retention = ("", 0) if record is None else (record.execution_id, record.retention_ms)
+        args = [encode_mark(token.value), token.resource, _grantor_arg(token), execution, retention]
+        args.append(fence_state_ttl_ms(token))
+        return args
 
     # Gate protocol ------------------------------------------------------------
 
@@ -255,9 +262,7 @@ class RedisGate:
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
         checked = self._checked(token)
-        self._run(
-            self._claim_script, checked, self._mark_keys(checked), [encode_mark(checked.value), _grantor_arg(checked)]
-        )
+        self._run(self._claim_script, checked, self._mark_keys(checked), _claim_args(checked))
 
     def claim_call(self, token: FencingToken | None = None) -> ScriptCall:
         """:meth:`claim`, prepared to be sent in one round trip with other calls (:func:`run_script_calls`).
@@ -266,7 +271,7 @@ class RedisGate:
         """
         checked = self._checked(token)
         keys = self._mark_keys(checked)
-        args = [encode_mark(checked.value), _grantor_arg(checked)]
+        args = _claim_args(checked)
 
         def check(reply: Any) -> None:
             if isinstance(reply, RedisError):
@@ -599,6 +604,10 @@ def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRe
             expected_resource=detail,
         )
     raise GateUnavailableError(f"{detail} does not hold a {MARK_WIDTH}-digit mark", gate="RedisGate")
+
+
+def _claim_args(token: FencingToken) -> list[Any]:
+    return [encode_mark(token.value), _grantor_arg(token), fence_state_ttl_ms(token)]
 
 
 def _grantor_arg(token: FencingToken) -> str:

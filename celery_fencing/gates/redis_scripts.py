@@ -37,6 +37,7 @@ __all__ = [
     "RESET_SCRIPT",
     "SEAL_RESULT_SCRIPT",
     "SET_SCRIPT",
+    "STORE_FUNCTION",
     "WRITE_RESULT_SCRIPT",
     "parse_refusal",
 ]
@@ -64,6 +65,15 @@ local function fence(mark, grantor, applied, token, token_grantor, execution, wh
 end
 """
 
+# keep(key, value, ttl): SET, with PX when ttl is not '0'. The fence state of a
+# transient resource (a task id, which is never fenced again once its task is
+# done) expires; a domain resource's is kept for good.
+STORE_FUNCTION = """\
+local function keep(key, value, ttl)
+  if ttl ~= '0' then redis.call('SET', key, value, 'PX', ttl) else redis.call('SET', key, value) end
+end
+"""
+
 CLAIM_SCRIPT = (
     """\
 -- Claim: raise the resource's mark to the token unless the mark is above it.
@@ -71,16 +81,18 @@ CLAIM_SCRIPT = (
 -- KEYS[2] grantor key of the token's resource
 -- ARGV[1] token, a 20-digit zero-padded decimal string
 -- ARGV[2] grantor id of the token, or '' for none
+-- ARGV[3] milliseconds the mark and grantor keys live ('0': for good)
 -- returns 1 when the mark now equals the token; refusals stale, grantor, corrupt
 """
     + FENCE_FUNCTION
+    + STORE_FUNCTION
     + """\
 local state = redis.call('MGET', KEYS[1], KEYS[2])
 local mark, grantor = state[1], state[2]
 local refused = fence(mark, grantor, false, ARGV[1], ARGV[2], '', KEYS[1])
 if refused then return redis.error_reply(refused) end
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[2] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[2]) end
+if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[3]) end
+if ARGV[2] ~= '' and not grantor then keep(KEYS[2], ARGV[2], ARGV[3]) end
 return 1
 """
 )
@@ -112,6 +124,7 @@ _ONE_KEY_HEADER = """\
 -- ARGV[3] grantor id of the token, or '' for none
 -- ARGV[4] execution id to record with the effect, or '' to record nothing
 -- ARGV[5] how long the record is kept, in milliseconds (with an execution id)
+-- ARGV[6] milliseconds the mark, grantor and owner keys live ('0': for good)
 -- returns 1 when written; refusals stale, grantor, corrupt, owner, applied, superseded
 """
 
@@ -131,9 +144,9 @@ if refused then return redis.error_reply(refused) end
 # values are not rewritten, which keeps the steady state of one execution's
 # repeated writes to one MGET and one data write.
 _ADVANCE_ONE_KEY = """\
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
-if not owner then redis.call('SET', KEYS[4], ARGV[2]) end
+if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[6]) end
+if ARGV[3] ~= '' and not grantor then keep(KEYS[2], ARGV[3], ARGV[6]) end
+if not owner then keep(KEYS[4], ARGV[2], ARGV[6]) end
 if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 return 1
 """
@@ -141,14 +154,15 @@ return 1
 SET_SCRIPT = (
     "-- Gated SET.\n"
     + _ONE_KEY_HEADER
-    + "-- ARGV[6] value\n-- ARGV[7] optional: expiry in milliseconds\n"
+    + "-- ARGV[7] value\n-- ARGV[8] optional: expiry in milliseconds\n"
     + FENCE_FUNCTION
+    + STORE_FUNCTION
     + _CHECK_ONE_KEY
     + """\
-if ARGV[7] then
-  redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[7])
+if ARGV[8] then
+  redis.call('SET', KEYS[5], ARGV[7], 'PX', ARGV[8])
 else
-  redis.call('SET', KEYS[5], ARGV[6])
+  redis.call('SET', KEYS[5], ARGV[7])
 end
 """
     + _ADVANCE_ONE_KEY
@@ -157,13 +171,14 @@ end
 HSET_SCRIPT = (
     "-- Gated HSET.\n"
     + _ONE_KEY_HEADER
-    + "-- ARGV[6 ..] field, value, field, value, ...\n"
+    + "-- ARGV[7 ..] field, value, field, value, ...\n"
     + FENCE_FUNCTION
+    + STORE_FUNCTION
     + _CHECK_ONE_KEY
     # unpack() is bounded by Lua's C stack: large mappings go in chunks of 500
     # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
     + """\
-for i = 6, #ARGV, 1000 do
+for i = 7, #ARGV, 1000 do
   redis.call('HSET', KEYS[5], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 """
@@ -174,6 +189,7 @@ DELETE_SCRIPT = (
     "-- Gated DEL. The key stays bound to its resource.\n"
     + _ONE_KEY_HEADER
     + FENCE_FUNCTION
+    + STORE_FUNCTION
     + _CHECK_ONE_KEY
     + "redis.call('DEL', KEYS[5])\n"
     + _ADVANCE_ONE_KEY
@@ -188,13 +204,15 @@ EVAL_SCRIPT_TEMPLATE = (
 -- KEYS[3] applied-record key of the token's resource and the execution's task id
 -- KEYS[4 .. n+3] owner keys of the caller's n data keys
 -- KEYS[n+4 .. 2n+3] the caller's data keys (the body sees them as KEYS[1 .. n])
--- ARGV[1 .. 5] as for the single-key scripts: token, resource, grantor id,
---   execution id ('' records nothing), record retention in milliseconds
--- ARGV[6 ..] the caller's arguments (the body sees them as ARGV[1 ..])
+-- ARGV[1 .. 6] as for the single-key scripts: token, resource, grantor id,
+--   execution id ('' records nothing), record retention in milliseconds,
+--   milliseconds the mark, grantor and owner keys live ('0': for good)
+-- ARGV[7 ..] the caller's arguments (the body sees them as ARGV[1 ..])
 -- returns what the body returns; refusals stale, grantor, corrupt, owner,
 --   applied, superseded (the body has not run)
 """
     + FENCE_FUNCTION
+    + STORE_FUNCTION
     + """\
 local n = (#KEYS - 3) / 2
 local owners = {}
@@ -208,15 +226,15 @@ local refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1]
 if refused then return redis.error_reply(refused) end
 -- Advance before the body: Redis does not undo the writes of a script that
 -- fails half-way, so the mark and the record must already cover whatever the body writes.
-if mark ~= ARGV[1] then redis.call('SET', KEYS[1], ARGV[1]) end
-if ARGV[3] ~= '' and not grantor then redis.call('SET', KEYS[2], ARGV[3]) end
+if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[6]) end
+if ARGV[3] ~= '' and not grantor then keep(KEYS[2], ARGV[3], ARGV[6]) end
 if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
 for i = 1, n do
-  if not owners[i] then redis.call('SET', KEYS[3 + i], ARGV[2]) end
+  if not owners[i] then keep(KEYS[3 + i], ARGV[2], ARGV[6]) end
 end
 local data_keys, data_args = {}, {}
 for i = 1, n do data_keys[i] = KEYS[n + 3 + i] end
-for i = 6, #ARGV do data_args[i - 5] = ARGV[i] end
+for i = 7, #ARGV do data_args[i - 6] = ARGV[i] end
 local function body(KEYS, ARGV)
 %s
 end

@@ -106,6 +106,13 @@ def gated_job(self: Task, name: str, value: str, fenced: bool = True) -> str:
     return written
 
 
+@app.task(bind=True, base=FencedTask, fencing_gates=gates)
+def small_job(self: Task, n: int) -> int:
+    """A short job fenced on its task id (the default), with one gated write of a key of its own."""
+    gates()[0].set(None, key("small", n), n)
+    return n
+
+
 @app.task(bind=True, base=FencedTask)
 def task_id_token(self: Task) -> int:
     """A short job fenced on its task id (the default resource): returns its token."""

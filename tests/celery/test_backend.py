@@ -170,3 +170,13 @@ def test_without_a_seal_the_older_result_is_dropped(app: Celery) -> None:
     backend.store_result("tid", "older", states.SUCCESS, request=request_with(older))
     backend.store_result("tid", "newer", states.SUCCESS, request=request_with(newer))
     assert app.AsyncResult("tid").get(timeout=5) == "newer"
+
+
+def test_forget_removes_the_fence_with_the_result(app: Celery) -> None:
+    """AsyncResult.forget() deletes the fence hash too: a later result for the same id is stored, not dropped."""
+    backend = app.backend
+    backend.store_result("tid", "first", states.SUCCESS, request=request_with(FencingToken("tid", 9)))
+    app.AsyncResult("tid").forget()
+    assert not backend.client.exists(backend.get_key_for_fence("tid"))
+    backend.store_result("tid", "again", states.SUCCESS, request=request_with(None))
+    assert app.AsyncResult("tid").get(timeout=5) == "again"
