@@ -20,17 +20,26 @@ Rules (each a count; the fenced side must have 0 of every one):
     Per resource, accepted writes minus the final balance: increments that
     some later write, based on an older read, overwrote.
 ``duplicate_effects``
-    Audit rows beyond the first of a task id (a task applied twice).
+    Audit rows beyond the first of a task id (a task applied twice). The
+    fenced side relies on the library's exactly-once (the gates' applied
+    records); the control has none, so a task re-delivered or retried after
+    its commit applies again there and is counted here.
 ``missing`` / ``unsubmitted``
-    Submitted tasks never applied; applied task ids nobody submitted.
+    Submitted tasks never applied; applied task ids nobody submitted. A task
+    counts as applied by its audit row only: an execution that the library
+    ended as done (``duplicate``) says another execution applied, which the
+    audit table must confirm.
 ``balance_mismatch``
     A final balance that is not the last audit row's new value (a write
     without its audit row, or the reverse).
 ``unanswered``
     A rejection whose action was ``retry``, or a storage error, not followed
-    by a later attempt of the same task id. (A drop through ``ignore``,
-    ``reject`` or ``raise`` is documented by the rejection event itself; a
-    dropped task shows up in ``missing``.)
+    by a later attempt of the same task id, nor by a later ``duplicate``
+    (the library saying the task was applied: nothing left to retry). (A
+    drop through ``ignore``, ``reject`` or ``raise`` is documented by the
+    rejection event itself; a dropped task shows up in ``missing``.) An
+    execution that ends with ``duplicate`` has its outcome: it needs no
+    retry and is not an unknown outcome.
 ``redis_*``
     Redis and PostgreSQL must agree per resource (balance and applied task
     ids) and the Redis log must carry strictly increasing tokens. A Redis that
@@ -45,7 +54,11 @@ the same resource is live), stale writes attempted (the ``stale_accepted`` rule
 applied to every write attempt), rejections by phase, unknown outcomes
 (executions that ended in an error after their write was sent, or with no
 outcome at all, e.g. killed) and how the audit table resolved them, and
-recovery time (from the end of a fault to the next commit).
+recovery time (from the end of a fault to the next commit), and duplicates
+prevented: executions the library ended as done because another execution of
+the task applied (``duplicate``, the ``duplicate_prevented`` signal), with the
+store writes the newest execution skipped as already applied before going on
+to the next store (``pg-dup``, ``redis-dup``).
 """
 
 from __future__ import annotations
@@ -60,11 +73,24 @@ from typing import Any
 
 __all__ = ["AuditRow", "Fault", "Figures", "Observation", "RedisState", "check", "format_table"]
 
-TERMINAL = frozenset({"ok", "rejected", "unknown", "error"})
+TERMINAL = frozenset({"ok", "duplicate", "rejected", "unknown", "error"})
 # Rejections that mean "try again later", not "a newer execution exists".
 UNAVAILABLE = frozenset({"TokenUnavailableError", "GateUnavailableError"})
 EXECUTION_EVENTS = frozenset(
-    {"minted", "invoke", "write", "pg-ok", "pg-dup", "redis-ok", "redis-dup", "ok", "rejected", "unknown", "error"}
+    {
+        "minted",
+        "invoke",
+        "write",
+        "pg-ok",
+        "pg-dup",
+        "redis-ok",
+        "redis-dup",
+        "ok",
+        "duplicate",
+        "rejected",
+        "unknown",
+        "error",
+    }
 )
 
 
@@ -137,6 +163,8 @@ class Figures:
     non_monotonic: int = 0
     lost_updates: int = 0
     duplicate_effects: int = 0
+    duplicates_prevented: int = 0
+    duplicate_writes_skipped: int = 0
     missing: int = 0
     unsubmitted: int = 0
     balance_mismatch: int = 0
@@ -203,6 +231,8 @@ def check(obs: Observation) -> Figures:
         elif event.get("phase") == "body":
             fig.rejected_at_write += 1
     fig.results_dropped = sum(1 for e in events if e["ev"] == "result-dropped")
+    fig.duplicates_prevented = sum(1 for e in events if e["ev"] == "duplicate")
+    fig.duplicate_writes_skipped = sum(1 for e in events if e["ev"] in ("pg-dup", "redis-dup"))
     _faults(obs, fig)
     fig.overlap_windows = _overlaps(executions)
     _stale_writes(events, accepted, obs.audit, fig)
@@ -338,7 +368,10 @@ def _audit_rules(obs: Observation, fig: Figures) -> None:
 def _unanswered(events: Sequence[dict[str, Any]], fig: Figures) -> None:
     starts: dict[str, list[float]] = defaultdict(list)
     for event in events:
-        attempt_start = event["ev"] == "minted" or (event["ev"] == "rejected" and event.get("phase") == "mint")
+        # A later attempt answers, and so does the library saying the task was applied.
+        attempt_start = event["ev"] in ("minted", "duplicate") or (
+            event["ev"] == "rejected" and event.get("phase") == "mint"
+        )
         if attempt_start and event.get("task"):
             starts[event["task"]].append(event["t"])
     for event in events:
@@ -367,7 +400,7 @@ def _redis_rules(obs: Observation, events: Sequence[dict[str, Any]], fig: Figure
     fig.redis_checked = True
     redis_writes: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in events:
-        if event["ev"] in ("redis-ok", "redis-dup"):
+        if event["ev"] == "redis-ok":  # a skipped write (redis-dup) ran no script: no epoch
             redis_writes[event["resource"]].append(event)
     audit_tasks: dict[str, set[str]] = defaultdict(set)
     for row in obs.audit:
@@ -389,14 +422,13 @@ def _redis_rules(obs: Observation, events: Sequence[dict[str, Any]], fig: Figure
         index = {epoch: i for i, epoch in enumerate(epochs)}
         top = [0] * len(epochs)
         for event in writes:
-            if event["ev"] == "redis-ok":
-                i = index[event["epoch"]]
-                top[i] = max(top[i], int(event["token"]))
+            i = index[event["epoch"]]
+            top[i] = max(top[i], int(event["token"]))
         below = [0] * len(epochs)
         for i in range(1, len(epochs)):
             below[i] = max(below[i - 1], top[i - 1])
         for event in writes:
-            if event["ev"] == "redis-ok" and int(event["token"]) < below[index[event["epoch"]]]:
+            if int(event["token"]) < below[index[event["epoch"]]]:
                 fig.redis_stale_after_loss += 1
         # The log of the current epoch: strictly increasing tokens, each task once.
         highest = 0
@@ -460,6 +492,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("non_monotonic", "commits with a non-increasing token"),
     ("lost_updates", "lost updates"),
     ("duplicate_effects", "duplicate effects"),
+    ("duplicates_prevented", "duplicates prevented (store writes skipped)"),
     ("missing", "tasks never applied"),
     ("unanswered", "rejections/errors with no retry"),
     ("unknown_outcomes", "unknown outcomes (resolved committed)"),
@@ -478,6 +511,8 @@ def _cell(fig: Figures, name: str) -> str:
     value = getattr(fig, name)
     if name == "unknown_outcomes":
         return f"{value} ({fig.unknown_committed})"
+    if name == "duplicates_prevented":
+        return f"{value} ({fig.duplicate_writes_skipped})"
     if name == "faults_proven":
         return f"{value}"
     if name == "recovery_max":

@@ -19,9 +19,16 @@ Event kinds (``ev``), in the order an execution produces them:
                  control, the body simply started
 ``write``        the body is about to open its PostgreSQL write (``read``)
 ``pg-ok``        the write committed (``seq`` of the audit row)
-``pg-dup``       the task was already applied: nothing written (idempotence)
-``redis-ok``     the Redis write ran (``epoch``, ``seq``); ``redis-dup`` likewise
+``pg-dup``       the SQL gate found the task applied by another execution
+                 (``AlreadyAppliedError``; ``superseded``, ``high_water``):
+                 nothing written, the body goes on to the next store
+``redis-ok``     the Redis write ran (``epoch``, ``seq``); ``redis-dup`` as
+                 ``pg-dup``, at the Redis gate
 ``ok``           the body returned
+``duplicate``    the library ended the execution as done: another execution
+                 of the task applied (the ``duplicate_prevented`` signal:
+                 ``phase`` claim, body or seal; ``action`` ignore or done;
+                 ``superseded``, ``high_water``)
 ``rejected``     fenced out (``phase`` mint, claim or body; ``action``)
 ``unknown``      a storage error after the write was sent: outcome unknown
 ``error``        a storage error before anything was sent: nothing written

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["PROCESS_ROUNDS", "ROUNDS", "SERVER_ROUNDS", "Context", "run_lane"]
 
 STOPPED = ("T", "t")
-REDIS_OUTCOMES = ("redis-ok", "redis-dup", "rejected", "unknown")
+REDIS_OUTCOMES = ("redis-ok", "redis-dup", "duplicate", "rejected", "unknown")
 GONE = ("", "Z", "X")
 
 

@@ -9,16 +9,19 @@ PostgreSQL, per side (``<p>`` is the side's prefix, e.g. ``rel_3f2a_fenced``):
     ``seq`` is taken while the writer holds the resource's row lock, so per
     resource it is commit order. ``task_id`` is deliberately *not* unique: the
     checker must be able to see a duplicate effect when one happens (in the
-    control it does); the fenced side is idempotent by checking under its claim.
+    control it does); the fenced side relies on the library's exactly-once.
 ``<p>_marks``
     the SQLGate's high-water mark table (fenced side only).
+``<p>_applied``
+    the SQLGate's applied-record table, "task T applied on R by execution E",
+    written with each gated transaction (fenced side only).
 
 Redis, per side and resource ``r`` (in the gate store, AOF or volatile):
 
 ``<p>:<r>:state``   hash: ``bal`` (the balance), ``seq`` (write count), ``epoch``
-``<p>:<r>:applied`` set of the task ids applied (idempotence, atomically with the write)
+``<p>:<r>:applied`` set of the task ids applied (a plain log for the checker, atomically with the write)
 ``<p>:<r>:log``     list of ``"<task> <token> <seq>"``, in commit order
-``<p>:fence``       the RedisGate's key prefix (marks and owners)
+``<p>:fence``       the RedisGate's key prefix (marks, owners, applied records)
 
 ``epoch`` is a random id the first write after the hash went missing stores:
 a Redis that restarted without persistence comes back without the hash, so the
@@ -34,22 +37,22 @@ from sqlalchemy.engine import Engine
 
 __all__ = ["REDIS_WRITE", "Names", "create_tables", "drop_tables"]
 
-# The Redis half of the workload's write: idempotent per task id, atomic.
+# The Redis half of the workload's write, atomic, with no check of its own: on the fenced
+# side ``RedisGate.eval`` runs it after the fence check and the task's applied record.
 # KEYS[1] state hash, KEYS[2] applied set, KEYS[3] log list
 # ARGV[1] task id, ARGV[2] new balance, ARGV[3] token, ARGV[4] an epoch id to use if the hash has none
-# returns {1, epoch, seq} written; {0, epoch, 0} the task id was already applied (nothing written)
+# returns {epoch, seq}
 REDIS_WRITE = """\
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if not epoch then
   epoch = ARGV[4]
   redis.call('HSET', KEYS[1], 'epoch', epoch)
 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {0, epoch, 0} end
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'bal', ARGV[2])
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('RPUSH', KEYS[3], ARGV[1] .. ' ' .. ARGV[3] .. ' ' .. seq)
-return {1, epoch, seq}
+return {epoch, seq}
 """
 
 
@@ -70,6 +73,10 @@ class Names:
     @property
     def marks(self) -> str:
         return f"{self.prefix}_marks"
+
+    @property
+    def applied(self) -> str:
+        return f"{self.prefix}_applied"
 
     @property
     def gate_prefix(self) -> str:
@@ -117,10 +124,10 @@ def create_tables(engine: Engine, names: Names) -> None:
     metadata = MetaData()
     names.tables(metadata)
     metadata.create_all(engine)
-    SQLGate(engine, table=names.marks).create_schema()
+    SQLGate(engine, table=names.marks, applied_table=names.applied).create_schema()
 
 
 def drop_tables(engine: Engine, names: Names) -> None:
     with engine.begin() as conn:
-        for table in (names.audit, names.accounts, names.marks):
+        for table in (names.audit, names.accounts, names.marks, names.applied):
             conn.execute(text(f'DROP TABLE IF EXISTS "{table}"'))

@@ -8,34 +8,39 @@ persistence). Each execution does a read-modify-write of one account:
    claims it on the SQLGate, the RedisGate and the ``fenced+redis://`` result
    backend before the body runs;
 2. reads the balance from PostgreSQL and from Redis, thinks 50-500 ms;
-3. writes PostgreSQL in one transaction: the gate's mark upsert (fenced), a
-   check that the task id is not applied yet, ``balance = read + 1`` and an
-   audit row (task id, attempt, resource, token, values);
-4. writes Redis in one script: ``bal = read + 1`` and the task id into an
-   applied set, skipped if already there (through ``RedisGate.eval`` when fenced).
+3. writes PostgreSQL in one transaction (``SQLGate.transaction()`` when
+   fenced, which also records the task id as applied): ``balance = read + 1``
+   and an audit row (task id, attempt, resource, token, values);
+4. writes Redis in one script (through ``RedisGate.eval`` when fenced, which
+   records the task id likewise): ``bal = read + 1``, the task id into an
+   applied set and a log entry (both plain logs for the checker).
    ``deposit_volatile`` writes Redis first, then PostgreSQL: otherwise the SQL
    gate would refuse a stale execution before its Redis write, and a Redis that
    lost its marks in a restart would never be put to the test.
 
-**Exactly once.** A retried or re-delivered task that already committed must
-not apply twice. The fenced side checks the audit table for the task id
-*inside the gated transaction*, after the mark upsert: the upsert holds the
-resource's mark row lock until COMMIT, every execution of a task id writes the
-same resource, so any earlier execution of this task id has either committed
-before the check (and the check sees it under READ COMMITTED) or cannot commit
-before this transaction ends. The control does the same check without the
-gate, which is the racy check-then-insert a plain application would write.
-The audit table has no unique constraint on purpose, so a duplicate effect
-stays visible to the checker instead of becoming an error.
+**Exactly once** is the library's (``fencing_once``, on by default): each
+gated write records "task T applied on R by execution E" in the same atomic
+operation, and a later execution of T meeting the record gets
+``AlreadyAppliedError`` with nothing written. The workload has no check of
+its own. The two stores have no common transaction, so the body resumes
+store by store (:func:`_once`): it logs ``pg-dup`` or ``redis-dup`` and goes
+on to the next store, which has its own record, so going on never applies
+twice; the body returns and the seal (per task id) decides whose result
+stands. A ``superseded`` error is not re-raised: it speaks of the account's
+mark, which the account's other tasks raise too (see :func:`_once`). The
+audit table has no unique constraint on purpose, so a duplicate effect stays
+visible to the checker instead of becoming an error.
 
 **Fencing off.** ``RW_MODE=control`` keeps every step but the fencing: no
 gates to claim, plain ``UPDATE``/``EVAL``, the plain ``redis://`` result
-backend. Tokens are still minted (``FencedTask`` with no gates) but only as
-labels, so the checker can apply the same rules to both sides.
+backend, and no exactly-once at all (a re-delivered task applies again: the
+control must show duplicate effects). Tokens are still minted (``FencedTask``
+with no gates) but only as labels, so the checker can apply the same rules to
+both sides.
 
 Storage errors retry the task (new attempt, new token); an error after the
 write was sent is recorded as ``unknown``: the retry finds out, through the
-idempotence check, whether it had committed.
+gates' records (``pg-dup``/``redis-dup``), whether it had committed.
 
 Environment: ``RW_MODE``, ``RW_PREFIX``, ``RW_QUEUE``, ``RW_BROKER``,
 ``RW_BROKER_PREFIX``, ``RW_BACKEND``, ``RW_REDIS``, ``RW_REDIS_VOLATILE``,
@@ -52,7 +57,7 @@ import uuid
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Celery, Task, current_task
 from celery.signals import task_failure
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
@@ -62,7 +67,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from celery_fencing.celery import FencedTask, install, signals
-from celery_fencing.exceptions import GateUnavailableError
+from celery_fencing.exceptions import AlreadyAppliedError, GateUnavailableError
 from celery_fencing.gates.redis import RedisGate
 from celery_fencing.gates.sql import SQLGate
 
@@ -147,7 +152,8 @@ def _build(name: str) -> Any:
         )
     if name.startswith("gates:"):
         store = name.split(":", 1)[1]
-        return (SQLGate(engine(), table=NAMES.marks), RedisGate(_client(store), prefix=NAMES.gate_prefix))
+        sql_gate = SQLGate(engine(), table=NAMES.marks, applied_table=NAMES.applied)
+        return (sql_gate, RedisGate(_client(store), prefix=NAMES.gate_prefix))
     raise KeyError(name)
 
 
@@ -201,6 +207,24 @@ def _on_rejected(
     )
 
 
+@signals.duplicate_prevented.connect(weak=False)
+def _on_duplicate(sender: Any, task_id: str, resource: str, phase: str, action: str, error: Any, **_: Any) -> None:
+    # The sender is the task, or the result backend (phase result): then the task is the current one.
+    task = sender if isinstance(sender, Task) else current_task
+    token = getattr(getattr(task, "request", None), "fencing_token", None)
+    history.emit(
+        "duplicate",
+        task=task_id,
+        resource=resource,
+        token=getattr(token, "value", None),
+        phase=phase,
+        action=action,
+        superseded=getattr(error, "superseded", None),
+        high_water=getattr(error, "high_water", None),
+        attempt=_attempt(task),
+    )
+
+
 @signals.result_dropped.connect(weak=False)
 def _on_result_dropped(sender: Any, task_id: str, state: str, token: Any, high_water: Any, **_: Any) -> None:
     value = getattr(token, "value", None)
@@ -236,17 +260,20 @@ def _deposit(task: Task, scope: str, account: int, store: str) -> dict[str, Any]
     resource = token.resource
     ids = {"task": request.id, "attempt": int(request.retries or 0), "resource": resource, "token": token.value}
     history.emit("invoke", **ids)
+    applied: str | None = None
     try:
         with engine().connect() as conn:
             pg_value = int(conn.execute(select(ACCOUNTS.c.balance).where(ACCOUNTS.c.resource == resource)).scalar_one())
-            done = conn.execute(select(AUDIT.c.seq).where(AUDIT.c.task_id == request.id).limit(1)).first()
         redis_value = int(_client(store).hget(NAMES.redis_state(resource), "bal") or 0)
-    except (SQLAlchemyError, RedisError) as exc:
+        if FENCED:
+            # The library's record at the store written first: only to skip the think time
+            # of a copy re-delivered after the commit. The gated writes decide, not this.
+            sql_gate, redis_gate = gates(store)
+            applied = (redis_gate if store == "volatile" else sql_gate).applied(resource, request.id)
+    except (GateUnavailableError, SQLAlchemyError, RedisError) as exc:
         history.emit("error", phase="read", error=_short(exc), **ids)
         raise _retry(task, exc) from None
-    if done is None:
-        # Already applied (a copy re-delivered after the commit): no need to think about it.
-        # Only an optimisation: the authoritative check is the one under the claim, in _write_pg.
+    if applied is None:
         time.sleep(random.uniform(*THINK_MS) / 1000)  # the workload's think time, not synchronisation
     if store == "volatile":
         # Redis first: a write the Redis gate accepts is not shielded by the SQL gate
@@ -260,48 +287,67 @@ def _deposit(task: Task, scope: str, account: int, store: str) -> dict[str, Any]
     return {"token": token.value, "pg_seq": seq}
 
 
+def _once(exc: AlreadyAppliedError, event: str, ids: dict[str, Any]) -> None:
+    """The resume pattern for effects on two stores, when a gate finds the task id applied.
+
+    Nothing was written at this store, and the execution goes on to the next
+    one, which has its own record: it writes there if the execution that
+    applied here never did (killed after its commit, failed at the next
+    store), or finds the task applied there too. Going on never applies
+    twice, and a stale execution is still refused there (``StaleTokenError``,
+    then the retry resumes the same way). The body then returns and the seal,
+    per task id, decides whose result stands.
+
+    This holds whether or not the error is ``superseded``, and the body does
+    not re-raise a superseded one: ``superseded`` says the *resource's* mark
+    is above this execution's token, and here an account is shared by many
+    tasks, so the newer holder is usually another task, which does not finish
+    this one. Re-raising it would end the task (``Ignore``) with its Redis
+    half undone whenever its first execution died between the two stores.
+    """
+    history.emit(event, superseded=exc.superseded, high_water=exc.high_water, **ids)
+
+
 def _write_pg(task: Task, store: str, ids: dict[str, Any], pg_value: int) -> int | None:
-    """The balance and its audit row in one transaction, unless the task id is applied already."""
+    """The balance and its audit row in one transaction (gated, recording the task id, when fenced)."""
     request = task.request
     history.emit("write", read=pg_value, **ids)
     stage = "begin"
-    seq: int | None = None
     try:
         transaction = gates(store)[0].transaction() if FENCED else engine().begin()
         with transaction as conn:
             stage = "body"
-            applied = conn.execute(select(AUDIT.c.seq).where(AUDIT.c.task_id == request.id).limit(1)).first()
-            if applied is None:
-                resource = ids["resource"]
-                conn.execute(update(ACCOUNTS).where(ACCOUNTS.c.resource == resource).values(balance=pg_value + 1))
-                seq = conn.execute(
-                    insert(AUDIT)
-                    .values(
-                        task_id=request.id,
-                        attempt=ids["attempt"],
-                        resource=resource,
-                        token=ids["token"],
-                        read_value=pg_value,
-                        new_value=pg_value + 1,
-                        pid=os.getpid(),
-                        worker=history.worker,
-                    )
-                    .returning(AUDIT.c.seq)
-                ).scalar_one()
+            resource = ids["resource"]
+            conn.execute(update(ACCOUNTS).where(ACCOUNTS.c.resource == resource).values(balance=pg_value + 1))
+            seq: int = conn.execute(
+                insert(AUDIT)
+                .values(
+                    task_id=request.id,
+                    attempt=ids["attempt"],
+                    resource=resource,
+                    token=ids["token"],
+                    read_value=pg_value,
+                    new_value=pg_value + 1,
+                    pid=os.getpid(),
+                    worker=history.worker,
+                )
+                .returning(AUDIT.c.seq)
+            ).scalar_one()
             stage = "commit"
+    except AlreadyAppliedError as exc:
+        # Raised on entering the transaction: rolled back, nothing written.
+        _once(exc, "pg-dup", ids)
+        return None
     except (GateUnavailableError, SQLAlchemyError) as exc:
         # Leaving the block commits: an error there leaves the outcome unknown.
         history.emit("unknown" if stage == "commit" else "error", phase="pg", stage=stage, error=_short(exc), **ids)
         raise _retry(task, exc) from None
-    if seq is None:
-        history.emit("pg-dup", **ids)
-    else:
-        history.emit("pg-ok", seq=seq, new=pg_value + 1, **ids)
+    history.emit("pg-ok", seq=seq, new=pg_value + 1, **ids)
     return seq
 
 
 def _write_redis(task: Task, store: str, ids: dict[str, Any], redis_value: int) -> None:
-    """The Redis balance, idempotent per task id, atomic in one script (through the gate when fenced)."""
+    """The Redis balance and its logs, atomic in one script (through the gate, recording the task id, when fenced)."""
     resource = ids["resource"]
     keys = [NAMES.redis_state(resource), NAMES.redis_applied(resource), NAMES.redis_log(resource)]
     args = [ids["task"], redis_value + 1, ids["token"], uuid.uuid4().hex[:12]]
@@ -310,12 +356,15 @@ def _write_redis(task: Task, store: str, ids: dict[str, Any], redis_value: int) 
             reply = gates(store)[1].eval(None, REDIS_WRITE, keys, args)
         else:
             reply = _client(store).eval(REDIS_WRITE, len(keys), *keys, *args)
+    except AlreadyAppliedError as exc:
+        _once(exc, "redis-dup", ids)
+        return
     except (GateUnavailableError, RedisError) as exc:
         history.emit("unknown", phase="redis", error=_short(exc), **ids)
         raise _retry(task, exc) from None
-    written, epoch, redis_seq = int(reply[0]), reply[1], int(reply[2])
+    epoch, redis_seq = reply[0], int(reply[1])
     epoch = epoch.decode() if isinstance(epoch, bytes) else str(epoch)
-    history.emit("redis-ok" if written else "redis-dup", epoch=epoch, seq=redis_seq, new=redis_value + 1, **ids)
+    history.emit("redis-ok", epoch=epoch, seq=redis_seq, new=redis_value + 1, **ids)
 
 
 _TASK_OPTIONS: dict[str, Any] = {

@@ -55,7 +55,7 @@ from .services import HOST, ThrowawayPostgres, ThrowawayRedis, WorkerProcess, pr
 __all__ = ["SIDES", "PhaseResult", "PhaseSpec", "World", "WorldConfig", "zk_mode"]
 
 SIDES = ("fenced", "control")
-TERMINAL = frozenset({"ok", "rejected", "unknown", "error"})
+TERMINAL = frozenset({"ok", "duplicate", "rejected", "unknown", "error"})
 T = TypeVar("T")
 
 

@@ -41,17 +41,31 @@ class Build:
         self.ev("invoke", task, token, resource)
 
     def commit(self, task: str, token: int, read: int, resource: str = R, *, redis: bool = True) -> None:
+        self.write_pg(task, token, read, resource)
+        if redis:
+            self.write_redis(task, token, read, resource)
+        self.ev("ok", task, token, resource)
+
+    def write_pg(self, task: str, token: int, read: int, resource: str = R) -> None:
+        """The PostgreSQL half alone, committed (``pg-ok``): a kill may follow."""
         self.ev("write", task, token, resource, read=read)
         seq = len(self.audit) + 1
         self.audit.append(AuditRow(seq, task, resource, token, read, read + 1))
         self.balances[resource] = read + 1
         self.ev("pg-ok", task, token, resource, seq=seq)
-        if redis:
-            state = self.redis.setdefault(resource, RedisState(epoch="e1"))
-            state.balance = read + 1
-            state.applied.add(task)
-            state.log.append((task, token, len(state.log) + 1))
-            self.ev("redis-ok", task, token, resource, epoch=state.epoch, seq=len(state.log))
+
+    def write_redis(self, task: str, token: int, read: int, resource: str = R) -> None:
+        state = self.redis.setdefault(resource, RedisState(epoch="e1"))
+        state.balance = read + 1
+        state.applied.add(task)
+        state.log.append((task, token, len(state.log) + 1))
+        self.ev("redis-ok", task, token, resource, epoch=state.epoch, seq=len(state.log))
+
+    def resume(self, task: str, token: int, read: int, resource: str = R) -> None:
+        """The newest execution meets the task applied at PostgreSQL (``pg-dup``) and goes on to Redis."""
+        self.ev("write", task, token, resource, read=read)
+        self.ev("pg-dup", task, token, resource, superseded=False, high_water=None)
+        self.write_redis(task, token, self.redis[resource].balance or 0, resource)
         self.ev("ok", task, token, resource)
 
     def refuse(self, task: str, token: int, high: int, resource: str = R, *, phase: str = "body") -> None:
@@ -162,13 +176,19 @@ def test_missing_and_unsubmitted_tasks_are_flagged() -> None:
 
 
 def test_rejection_without_a_later_attempt_is_flagged() -> None:
-    """A rejection whose action is retry must be followed by a later attempt of the same task."""
+    """A rejection whose action is retry must be followed by a later attempt of the same task, or a duplicate."""
     b = Build()
     b.submit("a")
     b.start("a", 10)
     b.refuse("a", 10, high=11)
     fig = check(b.observe())
     assert fig.unanswered == 1 and fig.missing == 1
+    # The library ending an execution of the task as done (another one applied) answers it too, ...
+    b.ev("duplicate", "a", 11, phase="seal", action="ignore", superseded=False, high_water=None)
+    fig = check(b.observe())
+    assert fig.unanswered == 0 and fig.unknown_outcomes == 0
+    # ... but never stands in for the audit row it implies.
+    assert fig.missing == 1 and not fig.ok
 
 
 def test_storage_error_needs_a_retry_and_unknown_outcome_is_resolved() -> None:
@@ -176,21 +196,48 @@ def test_storage_error_needs_a_retry_and_unknown_outcome_is_resolved() -> None:
     b = Build()
     b.submit("a")
     b.start("a", 10)
-    b.ev("write", "a", 10, read=0)
-    b.audit.append(AuditRow(1, "a", R, 10, 0, 1))  # it did commit
-    b.balances[R] = 1
+    b.write_pg("a", 10, read=0)  # it did commit, ...
+    b.events.pop()  # ... but the reply was lost
     b.ev("unknown", "a", 10, phase="pg", error="OperationalError")
     b.start("a", 11)
-    b.ev("write", "a", 11, read=1)
-    b.ev("pg-dup", "a", 11)
-    b.redis[R] = RedisState(balance=1, epoch="e1", applied={"a"}, log=[("a", 11, 1)])
-    b.ev("redis-ok", "a", 11, epoch="e1", seq=1)
-    b.ev("ok", "a", 11)
+    b.resume("a", 11, read=1)
     fig = check(b.observe())
     assert fig.ok, fig.examples
     assert fig.unknown_outcomes == 1 and fig.unknown_committed == 1
     b.events = [e for e in b.events if e["token"] != 11]  # no retry at all
     assert check(b.observe()).unanswered == 1
+
+
+def test_execution_ended_by_the_library_as_a_duplicate_is_answered() -> None:
+    """An execution the library ended as done (``duplicate``) has its outcome: not unknown, not unanswered."""
+    b = Build()
+    b.submit("a")
+    b.start("a", 10)  # paused past the visibility timeout after its claim
+    b.start("a", 11)  # the re-delivered copy claims, applies and finishes
+    b.commit("a", 11, read=0)
+    b.ev("write", "a", 10, read=0)  # the paused one resumes: the SQL gate finds the record, superseded
+    b.ev("duplicate", "a", 10, phase="body", action="ignore", superseded=True, high_water=11)
+    fig = check(b.observe())
+    assert fig.ok, fig.examples
+    assert fig.duplicates_prevented == 1 and fig.duplicate_writes_skipped == 0
+    assert fig.unknown_outcomes == 0 and fig.unanswered == 0 and fig.missing == 0
+    assert fig.stale_writes_attempted == 1 and fig.stale_accepted == 0
+    assert "duplicates prevented (store writes skipped)" in format_table([fig])
+
+
+def test_newest_execution_resumes_past_the_store_already_applied() -> None:
+    """Killed between its two stores, a task is finished by its re-delivered copy: pg-dup, then the Redis write."""
+    b = Build()
+    b.submit("a")
+    b.start("a", 10)
+    b.write_pg("a", 10, read=0)  # then kill -9, before the Redis write
+    b.start("a", 11)
+    b.resume("a", 11, read=1)
+    assert b.redis[R].balance == 1 and b.redis[R].log == [("a", 11, 1)]
+    fig = check(b.observe())
+    assert fig.ok, fig.examples
+    assert fig.duplicate_writes_skipped == 1 and fig.duplicates_prevented == 0
+    assert fig.unknown_outcomes == 1 and fig.unknown_committed == 1
 
 
 def test_killed_execution_is_an_unknown_outcome() -> None:
