@@ -497,18 +497,36 @@ class FencedTask(Task):  # type: ignore[misc]
         if token is None:
             current: FencingToken | None = request.get("fencing_token")
             token = current.value if current is not None else None
-        logger.warning(
-            "task %s[%s] fenced out at %s on %r (token %s, high-water mark %s): %s -> %s%s",
-            self.name,
-            request.id,
-            phase,
-            resource,
-            token,
-            high_water,
-            exc,
-            decision.action,
-            f" in {decision.countdown:.2f}s" if decision.countdown is not None else "",
-        )
+        outcome = decision.action + (f" in {decision.countdown:.2f}s" if decision.countdown is not None else "")
+        if isinstance(exc, (TokenUnavailableError, GateUnavailableError)):
+            # Not a newer execution: an outage (grantor or gate store down) is worth a warning.
+            logger.warning(
+                "task %s[%s] %s on %r (%s unavailable: %s) -> %s",
+                self.name,
+                request.id,
+                "got no token" if phase == "mint" else f"could not {phase}",
+                resource,
+                "grantor" if isinstance(exc, TokenUnavailableError) else "storage",
+                exc,
+                outcome,
+            )
+        else:
+            # Each fact once: the token and the mark are in the line, so a stale-token error's
+            # default message (which repeats them) is left out; any other message is kept.
+            said = "" if _says_only_token_and_mark(exc) else f": {exc}"
+            # A retry under contention is normal operation; dropping or failing the work is not.
+            logger.log(
+                logging.INFO if decision.action == "retry" else logging.WARNING,
+                "task %s[%s] fenced out at %s on %r (token %s, high-water mark %s)%s -> %s",
+                self.name,
+                request.id,
+                phase,
+                resource,
+                token,
+                high_water,
+                said,
+                outcome,
+            )
         signals.fencing_rejected.send(
             sender=self,
             task_id=request.id,
@@ -571,6 +589,14 @@ def fenced_task(
         return app.task(**options)(fun)
 
     return decorate
+
+
+def _says_only_token_and_mark(exc: FencingError) -> bool:
+    """Whether *exc* is a StaleTokenError whose message is the default one: resource, token and mark."""
+    if type(exc) is not StaleTokenError:
+        return False
+    default = StaleTokenError(resource=exc.resource, token=exc.token, high_water=exc.high_water)
+    return str(exc) == str(default)
 
 
 def _check_template(cls: type, template: str) -> None:

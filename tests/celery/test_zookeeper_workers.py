@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from kazoo.client import KazooClient
@@ -91,9 +92,32 @@ def test_task_waits_out_a_grantor_outage(scenario: Scenario, zookeeper_server: Z
     zookeeper_server.stop()
     try:
         result = scenario.send("whoami", "outage")
-        wait_for(lambda: worker.log().count("fenced out at mint on 'plain:outage'") >= 2, 60, "retries while down")
+        wait_for(
+            lambda: worker.log().count("got no token on 'plain:outage' (grantor unavailable") >= 2,
+            60,
+            "retries while down",
+        )
         assert not result.ready(), "the body must not run without a token"
     finally:
         zookeeper_server.start()
     got = result.get(timeout=90)
     assert got["resource"] == "plain:outage" and got["token"] > 0
+
+
+def test_an_outage_is_summarised_not_logged_per_reconnect(
+    scenario: Scenario, zookeeper_server: ZooKeeperServer
+) -> None:
+    """A 10 s ZooKeeper outage costs an idle worker a few log lines, not kazoo's lines per reconnect attempt."""
+    _use_zookeeper(scenario, zookeeper_server, timeout=1)
+    worker = scenario.worker("w", pool="solo")
+    scenario.send("whoami", "quiet").get(timeout=60)  # the session is up
+    before = len(worker.log().splitlines())
+    zookeeper_server.stop()
+    try:
+        time.sleep(10)  # the fault itself: ten seconds without ZooKeeper
+    finally:
+        zookeeper_server.start()
+    wait_for(lambda: "ZooKeeper connection back after" in worker.log(), 60, "the worker to reconnect")
+    lines = worker.log().splitlines()[before:]
+    print(f"\n{len(lines)} log lines during the outage and the recovery:\n" + "\n".join(lines))
+    assert len(lines) <= 12, "\n".join(lines)

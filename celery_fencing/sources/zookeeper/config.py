@@ -13,6 +13,8 @@ import dataclasses
 import logging
 import math
 import re
+import threading
+import time
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote
 
@@ -129,19 +131,87 @@ def validate_digest(digest: object) -> tuple[str, str] | None:
     )
 
 
+# What kazoo logs on every reconnect attempt: a worker logged ~130 of these in a
+# 12 s outage. The first of an outage is shown; the rest go to DEBUG.
+_RECONNECT_CHATTER = frozenset(
+    {
+        "Connecting to %s(%s):%s, use_ssl: %r",
+        "Connection dropped: %s",
+        "Connection time-out: %s",
+        "Transition to CONNECTING",
+        "Cannot resolve %s: %s",
+        "Closing connection to %s:%s",
+        "Zookeeper connection lost",
+    }
+)
+_CONNECTED = "Zookeeper connection established, state: %s"
+#: While ZooKeeper stays unreachable, one reminder this often (seconds).
+OUTAGE_REMINDER = 60.0
+
+
 class _MaskingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """kazoo's logger, with the ``auth`` of authentication packets masked.
+    """kazoo's logger, with the ``auth`` of authentication packets masked and its reconnect chatter summarised.
 
     kazoo logs each request it sends at DEBUG ("Sending request(xid=-4):
     Auth(auth_type=0, scheme='digest', auth='user:password')"); this adapter
     is the ``logger=`` of the clients this package builds, so that record
-    carries ``auth='***'`` instead. Everything else goes to kazoo's logger
+    carries ``auth='***'`` instead.
+
+    During an outage kazoo logs several lines per reconnect attempt. The
+    first is passed on; the others go out at DEBUG; when the connection is
+    back, one line says after how long and how many were held back (and while
+    it is not, one reminder a minute). Everything else goes to kazoo's logger
     (``kazoo.client``) unchanged, so its configuration still applies.
     """
 
+    def __init__(self, logger: logging.Logger, extra: Any) -> None:
+        super().__init__(logger, extra)
+        self._lock = threading.Lock()
+        self._outage_since: float | None = None
+        self._held_back = 0
+        self._reminded_at = 0.0
+
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         masked = tuple(_mask(arg) for arg in args)
+        if msg in _RECONNECT_CHATTER:
+            level = self._quieted(level)
+        elif msg == _CONNECTED:
+            self._report_recovery()
         super().log(level, msg, *masked, **kwargs)
+
+    def _quieted(self, level: int) -> int:
+        now = time.monotonic()
+        with self._lock:
+            if self._outage_since is None:
+                self._outage_since = self._reminded_at = now
+                self._held_back = 0
+                return level
+            self._held_back += 1
+            remind = now - self._reminded_at >= OUTAGE_REMINDER
+            if remind:
+                self._reminded_at = now
+            since, held = self._outage_since, self._held_back
+        if remind:
+            super().log(
+                logging.WARNING,
+                "ZooKeeper still unreachable after %.0fs (%d reconnect messages at DEBUG)",
+                now - since,
+                held,
+            )
+        return min(level, logging.DEBUG)
+
+    def _report_recovery(self) -> None:
+        with self._lock:
+            since, held = self._outage_since, self._held_back
+            self._outage_since = None
+            self._held_back = 0
+        if since is not None and held:
+            super().log(
+                logging.WARNING,
+                "ZooKeeper connection back after %.1fs (%d reconnect messages held back at DEBUG)",
+                time.monotonic() - since,
+                held,
+            )
 
     def warn(self, msg: object, *args: object, **kwargs: Any) -> None:  # kazoo still calls warn()
         self.log(logging.WARNING, msg, *args, **kwargs)
