@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ._version import __version__
 from .exceptions import FencingConfigurationError
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("-A", "--app", metavar="APP", required=True, help="the Celery app: module or module:attr")
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_worker_flags(doctor)
 
     for name, summary, description in (
         (
@@ -216,11 +217,41 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_FINDINGS if failing else EXIT_OK
 
 
+def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    """The worker's --fencing-* flags, so that doctor judges the configuration the workers run with."""
+    from .celery.settings import SETTINGS
+
+    group = parser.add_argument_group(
+        "worker flags", "the --fencing-* flags the workers are started with; as on the worker, they win over app.conf"
+    )
+    for setting in SETTINGS:
+        if setting.is_flag:
+            group.add_argument(setting.flag, dest=setting.name, action="store_true", default=None, help=setting.help)
+        else:
+            group.add_argument(
+                setting.flag, dest=setting.name, metavar=setting.metavar, default=None, help=setting.help
+            )
+
+
+def _apply_worker_flags(app: Any, args: argparse.Namespace) -> list[str]:
+    """Put the given --fencing-* flags on *app*'s configuration, as the worker's bootstep does; return their names."""
+    from .celery.settings import SETTINGS
+
+    applied = []
+    for setting in SETTINGS:
+        value = getattr(args, setting.name, None)
+        if value is not None:
+            app.conf[setting.name] = value
+            applied.append(setting.flag)
+    return applied
+
+
 def _run_doctor(args: argparse.Namespace, out: TextIO) -> int:
     from .operations.doctor import Doctor, load_app
 
     app = load_app(args.app)
-    checks = Doctor(app).run()
+    flags = _apply_worker_flags(app, args)
+    checks = Doctor(app, flags=flags).run()
     failing = [c for c in checks if c.failing]
     code = EXIT_FINDINGS if failing else EXIT_OK
     counts = {status: sum(1 for c in checks if c.status == status) for status in ("ok", "note", "warning", "error")}

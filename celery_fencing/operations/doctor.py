@@ -120,8 +120,10 @@ def _join(names: Iterable[str], limit: int = 5) -> str:
 class Doctor:
     """Runs every check on one app. Only the source is written to (two mints on the doctor's resource)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, flags: list[str] | None = None) -> None:
         self.app = app
+        #: The worker flags applied to the app's configuration before the checks (for the report).
+        self.flags = list(flags or ())
         self.checks: list[Check] = []
 
     def add(self, area: str, status: Status, message: str, fix: str = "") -> None:
@@ -165,7 +167,8 @@ class Doctor:
         except FencingConfigurationError as exc:
             self.add("settings", "error", str(exc), "correct the setting (docs: Configuration reference)")
             return None
-        self.add("settings", "ok", "every fencing_* setting is valid")
+        given = f" (with the worker flags {', '.join(self.flags)})" if self.flags else ""
+        self.add("settings", "ok", f"every fencing_* setting is valid{given}")
         return settings
 
     def check_tasks(self) -> list[Any]:

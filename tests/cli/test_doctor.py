@@ -139,3 +139,23 @@ def test_rabbitmq_consumer_timeout_is_advice(tmp_path: Path, rabbitmq_url: str) 
     notes = " ".join(findings(report, "timing", "note"))
     assert "without a time limit below RabbitMQ's consumer_timeout" in notes
     assert "tests.cli.apps.rabbitmq_delays.job (fencing_retry_max_delay): 3600s" in notes
+
+
+def test_doctor_takes_the_worker_flags(tmp_path: Path, redis_url: str) -> None:
+    """The source given only by --fencing-source, as on the worker: doctor checks it instead of saying it is unset."""
+    env = {"CFT_BROKER": redis_url}
+    source = f"sqlite:///{tmp_path / 'tokens.db'}"
+    done = run_cli(
+        ["doctor", "-A", "tests.cli.apps.flag_source", "--json", "--fencing-source", source, "--fencing-timeout", "3"],
+        env=env,
+        timeout=120,
+    )
+    assert "Traceback" not in done.err, done.err
+    report = json.loads(done.out)
+    messages = [c["message"] for c in report["checks"]]
+    assert not any("fencing_source is not set" in m for m in messages)
+    assert any("minted 1 then 2" in m for m in messages)
+    assert any("--fencing-source, --fencing-timeout" in m for m in messages if "setting" in m)
+    # Negative control: the same app without the flag has no source.
+    _, without = doctor("tests.cli.apps.flag_source", env)
+    assert any("fencing_source is not set" in c["message"] for c in without["checks"])
