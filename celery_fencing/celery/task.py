@@ -200,15 +200,14 @@ class FencedTask(Task):  # type: ignore[misc]
         if spec is None:
             task_id = self.request.id
             if not task_id:
-                raise FencingConfigurationError(f"task {self.name}: no task id to fence on (called directly?)")
+                raise FencingConfigurationError(f"task {self.name}: no task id to fence on")
             return str(task_id)
+        if not callable(spec):
+            # Wrong arguments raise Celery's own TypeError here, as the body would.
+            bound = inspect.signature(self.run).bind(*args, **kwargs)
+            bound.apply_defaults()
         try:
-            if callable(spec):
-                resource = spec(*args, **kwargs)
-            else:
-                bound = inspect.signature(self.run).bind(*args, **kwargs)
-                bound.apply_defaults()
-                resource = spec.format_map(bound.arguments)
+            resource = spec(*args, **kwargs) if callable(spec) else spec.format_map(bound.arguments)
             return validate_resource(resource)
         except (KeyError, IndexError, AttributeError, TypeError, ValueError, InvalidTokenError) as exc:
             # The arguments' values stay out of the message: it is logged, and they may be personal data.
@@ -363,6 +362,10 @@ class FencedTask(Task):  # type: ignore[misc]
         execution: Execution | None = request.get("fencing_execution")
         if execution is None:
             # Called directly (task(...)), without the tracer: before_start did not run.
+            if self.fencing_resource is None and not request.id:
+                # Fenced on its task id, and there is none: a direct call is no execution of a
+                # task, just the function. Its gate writes need an explicit token.
+                return super().__call__(*args, **kwargs)
             execution = self._start_fencing(args, kwargs)
         # Only an execution that ended without a fencing error may leave its lease (and
         # token) to the next task of its resource: a token a gate refused once would

@@ -195,3 +195,38 @@ def test_resource_error_names_no_argument_value() -> None:
     with pytest.raises(FencingConfigurationError) as refused:
         charge.fencing_resource_for((), {"card": {"holder": "4111 1111 1111 1111"}})
     assert "4111" not in str(refused.value) and "card" in str(refused.value)
+
+
+def test_a_direct_call_of_a_task_id_task_is_a_plain_call(app: Celery) -> None:
+    """add(1, 1) is no execution of a task: it returns the function's value, with no token and nothing claimed."""
+
+    @app.task(base=FencedTask, shared=False)
+    def add(x: int, y: int) -> tuple[int, object]:
+        return x + y, current_token()
+
+    assert add(1, 1) == (2, None)
+
+
+def test_a_direct_call_of_a_domain_task_is_still_fenced(app: Celery) -> None:
+    """A direct call on a domain resource mints and claims like an execution, so its gate writes carry a token."""
+    gate = MemoryGate()
+
+    @app.task(base=FencedTask, fencing_resource="acct:{n}", fencing_gates=[gate], shared=False)
+    def credit(n: int) -> int:
+        gate.set(None, f"acct:{n}", 1)
+        token = current_token()
+        assert token is not None
+        return token.value
+
+    assert credit(3) == gate.high_water("acct:3")
+
+
+def test_wrong_arguments_fail_with_celerys_type_error(app: Celery) -> None:
+    """Arguments that do not fit the task fail with the TypeError Celery gives, not a fencing error."""
+
+    @app.task(base=FencedTask, fencing_resource="acct:{n}", shared=False, typing=False)
+    def credit(n: int) -> int:
+        return n
+
+    with pytest.raises(TypeError, match="missing a required argument: 'n'"):
+        credit.apply(()).get()
