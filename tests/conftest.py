@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.zookeeper",
     # After zookeeper: it shares that module's port and process helpers.
     "tests.fixtures.etcd",
+    "tests.fixtures.redis_cluster",
 ]

@@ -195,6 +195,8 @@ class RedisGate:
         self.client = client
         self.prefix = prefix
         self.verifier = verifier
+        # A cluster client: every key of one script must hash to the resource's slot, checked before any I/O.
+        self._cluster = _is_cluster_client(client)
         self._mark_prefix = f"{prefix}:mark:"
         self._grantor_prefix = f"{prefix}:grantor:"
         self._owner_prefix = f"{prefix}:owner:"
@@ -262,6 +264,7 @@ class RedisGate:
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
         checked = self._checked(token)
+        self._check_slots(checked, self._mark_keys(checked))
         self._run(self._claim_script, checked, self._mark_keys(checked), _claim_args(checked))
 
     def claim_call(self, token: FencingToken | None = None) -> ScriptCall:
@@ -366,6 +369,7 @@ class RedisGate:
         if ex is not None:
             args.append(_expiry_ms(ex))
         keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._check_slots(checked, keys)
         self._run(self._set_script, checked, keys, args, record)
 
     def hset(self, token: FencingToken | None, key: str, mapping: Mapping[Any, Any]) -> None:
@@ -384,6 +388,7 @@ class RedisGate:
             args.append(field)
             args.append(value)
         keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._check_slots(checked, keys)
         self._run(self._hset_script, checked, keys, args, record)
 
     def delete(self, token: FencingToken | None, key: str) -> None:
@@ -395,6 +400,7 @@ class RedisGate:
         _check_key(key)
         record = applied_record(checked)
         keys = [*self._fence_keys(checked, record), self._owner_prefix + key, key]
+        self._check_slots(checked, keys)
         self._run(self._delete_script, checked, keys, self._fence_args(checked, record), record)
 
     def eval(
@@ -437,6 +443,7 @@ class RedisGate:
         all_keys = self._fence_keys(checked, record)
         all_keys.extend(self._owner_prefix + key for key in key_list)
         all_keys.extend(key_list)
+        self._check_slots(checked, all_keys)
         return self._run(wrapped, checked, all_keys, [*self._fence_args(checked, record), *args], record)
 
     # Reads --------------------------------------------------------------------
@@ -453,6 +460,26 @@ class RedisGate:
             _unavailable(exc)
 
     # Internals ----------------------------------------------------------------
+
+    def _check_slots(self, token: FencingToken, keys: list[str]) -> None:
+        """In a cluster, refuse a key outside the resource's hash slot: a programming error, not an outage.
+
+        Without this the cluster refuses the script (CROSSSLOT), which is no
+        reason to retry; the error names both slots and the fix.
+        """
+        if not self._cluster:
+            return
+        from redis.crc import key_slot
+
+        home = key_slot(keys[0].encode("utf-8"))
+        for key in keys[1:]:
+            slot = key_slot(key.encode("utf-8"))
+            if slot != home:
+                raise InvalidArgumentError(
+                    f"key {key!r} hashes to slot {slot}, but the fence keys of resource {token.resource!r} are "
+                    f"in slot {home}: in Redis Cluster put one hash tag in the resource and the same tag in "
+                    "every data key of it (resource 'account:{42}', key 'account:{42}:balance')"
+                )
 
     def _run(
         self, script: Any, token: FencingToken, keys: list[str], args: list[Any], record: AppliedRecord | None = None
@@ -608,6 +635,14 @@ def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRe
 
 def _claim_args(token: FencingToken) -> list[Any]:
     return [encode_mark(token.value), _grantor_arg(token), fence_state_ttl_ms(token)]
+
+
+def _is_cluster_client(client: Any) -> bool:
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py without cluster support
+        return False
+    return isinstance(client, RedisCluster)
 
 
 def _grantor_arg(token: FencingToken) -> str:
