@@ -26,8 +26,8 @@ import inspect
 import logging
 from typing import Any, ClassVar
 
-import click
 from celery import bootsteps
+from celery.bin.base import CeleryOption
 from celery.signals import worker_process_init, worker_process_shutdown
 
 from ..exceptions import FencingConfigurationError, FencingError, TokenUnavailableError
@@ -132,6 +132,24 @@ def _open_source(app: Any) -> None:
         logger.error("fencing token source could not be opened: %s; tasks will retry until it can", exc)
 
 
+class _FencingOption(CeleryOption):  # type: ignore[misc]
+    """A ``--fencing-*`` worker flag, listed under its own heading in ``celery worker --help``, in table order.
+
+    Celery keeps user options in a set and lists them in the set's order; an
+    object's default hash is its address, so the flags came out in a new order
+    on every run. A hash that is the flag's position in the settings table
+    keeps them in that order (a small int hashes to itself, and a set lists
+    small ints in order).
+    """
+
+    def __init__(self, position: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, help_group="Fencing Options", **kwargs)
+        self._position = position
+
+    def __hash__(self) -> int:
+        return self._position
+
+
 def install(app: Any) -> Any:
     """Add the ``--fencing-*`` worker flags, the bootstep and the per-process hooks to *app*.
 
@@ -139,11 +157,11 @@ def install(app: Any) -> Any:
     """
     if getattr(app, _INSTALLED_ATTR, False):
         return app
-    for setting in SETTINGS:
+    for position, setting in enumerate(SETTINGS):
         if setting.is_flag:
-            option = click.Option([setting.flag], is_flag=True, default=None, help=setting.help)
+            option = _FencingOption(position, [setting.flag], is_flag=True, default=None, help=setting.help)
         else:
-            option = click.Option([setting.flag], default=None, metavar=setting.metavar, help=setting.help)
+            option = _FencingOption(position, [setting.flag], default=None, metavar=setting.metavar, help=setting.help)
         app.user_options["worker"].add(option)
     app.steps["worker"].add(FencingBootstep)
 
