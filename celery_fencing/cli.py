@@ -207,6 +207,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     if applied_rows:
         out.write("\n" + _table(["resource", "task id", "gate", "applied by execution"], applied_rows) + "\n")
     notes = sorted({r.peek_note for r in reports if not r.peek_supported and r.peek_note})
+    notes += sorted({note for r in reports for note in r.notes})
     for note in notes:
         out.write(f"\nnote: {note}\n")
     for report in reports:

@@ -279,6 +279,8 @@ class ResourceReport:
     mark_grantors: list[str | None] = field(default_factory=list)
     #: "ok", "GRANTOR MISMATCH" or "MARK AHEAD OF SOURCE".
     status: str = "ok"
+    #: Hints that are not findings (say, a Redis prefix under which no mark exists at all).
+    notes: list[str] = field(default_factory=list)
     #: Exactly-once records asked for (``--task-id``): (gate label, task id, execution id or ``None``).
     applied: list[tuple[str, str, str | None]] = field(default_factory=list)
     #: The highest token the source can have issued for the resource, when that is more
@@ -301,6 +303,7 @@ class ResourceReport:
                 {"gate": gate, "task_id": task_id, "execution": execution} for gate, task_id, execution in self.applied
             ],
             "problems": self.problems,
+            "notes": self.notes,
             "status": self.status,
         }
 
@@ -374,4 +377,32 @@ def inspect_resources(
                     "(if the grantor was replaced, `celery-fencing rebase` moves the marks to it)"
                 )
         reports.append(report)
+    _note_empty_prefixes(gates, reports)
     return reports
+
+
+def _note_empty_prefixes(gates: list[OpenedGate], reports: list[ResourceReport]) -> None:
+    """A Redis gate where no resource asked for has a mark, and the prefix holds no mark at all: a wrong prefix?
+
+    Said as a note on every report (it is not a finding: a new deployment has no
+    marks yet), so a mistyped ``--redis-prefix`` does not pass as "no mark, ok".
+    """
+    for index, opened in enumerate(gates):
+        if opened.kind != "redis" or any(report.marks[index][1] is not None for report in reports):
+            continue
+        prefix = getattr(opened.gate, "prefix", "fencing")
+        try:
+            cursor, keys = opened.client.scan(0, match=f"{prefix}:mark:*", count=1000)
+            # Bounded: on a large keyspace, 100 rounds (about 100,000 keys) and no verdict.
+            for _ in range(100):
+                if keys or not cursor:
+                    break
+                cursor, keys = opened.client.scan(cursor, match=f"{prefix}:mark:*", count=1000)
+        except Exception as exc:  # the marks were read a moment ago; this is only a hint
+            raise FencingConfigurationError(f"cannot scan {opened.label} for marks: {exc}") from exc
+        if not keys and not cursor:
+            for report in reports:
+                report.notes.append(
+                    f"no mark at all under the prefix {prefix!r} at {opened.label}: is --redis-prefix the "
+                    "prefix of the workers' RedisGate?"
+                )

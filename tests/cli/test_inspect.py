@@ -223,3 +223,20 @@ def test_console_script_reports_bad_input_without_traceback() -> None:
         "celery-fencing: unknown gate URL scheme 'ftp' in 'ftp://x'; known: redis, rediss, unix, postgresql, mysql, "
         "mariadb, sqlite"
     ]
+
+
+def test_a_prefix_without_any_mark_is_pointed_out(tmp_path: Path, redis_url: str, redis_gate: RedisGate) -> None:
+    """A mistyped --redis-prefix shows '-' for every mark, with a note that the prefix holds no mark at all."""
+    source = SQLiteTokenSource(tmp_path / "tokens.db")
+    redis_gate.claim(source.mint("account:42"))
+    source.close()
+    base = ["--source", f"sqlite:///{tmp_path / 'tokens.db'}", "--gate", redis_url, "--json", "account:42"]
+    code, out, err = inspect(*base[:4], "--redis-prefix", f"{redis_gate.prefix}-typo", *base[4:])
+    assert code == 0, err
+    (report,) = json.loads(out)["resources"]
+    assert report["marks"][0]["high_water"] is None
+    assert any("no mark at all under the prefix" in note for note in report["notes"])
+    # The right prefix: the mark, and no such note.
+    code, out, err = inspect(*base[:4], "--redis-prefix", redis_gate.prefix, *base[4:])
+    (report,) = json.loads(out)["resources"]
+    assert report["marks"][0]["high_water"] == 1 and report["notes"] == []
