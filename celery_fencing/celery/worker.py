@@ -77,7 +77,16 @@ class FencingBootstep(bootsteps.StartStopStep):  # type: ignore[misc]
         # fork(). A grantor that is merely down is no reason to refuse to start.
         runtime = runtime_for(app)
         try:
-            _check_source_supports(runtime.source(), settings)
+            source = runtime.source()
+            _check_source_supports(source, settings)
+            if getattr(source, "volatile", False) and _is_prefork(parent) and int(parent.concurrency or 1) > 1:
+                logger.warning(
+                    "%s with a prefork pool of %s processes: every child counts from its own zero, so tokens "
+                    "of different children are not ordered and fence nothing between them (tests only; "
+                    "use sqlite:// or zookeeper://, or a solo or threads pool)",
+                    type(source).__name__,
+                    parent.concurrency,
+                )
         except TokenUnavailableError as exc:
             logger.warning("fencing token source unavailable at worker start: %s", exc)
         finally:

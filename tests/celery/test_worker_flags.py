@@ -117,3 +117,15 @@ def test_worker_without_source_refuses_to_start(scenario: Scenario) -> None:
         worker.start(timeout=60)
     assert "no token source is configured" in worker.log()
     _assert_one_line_error(worker.log())
+
+
+def test_volatile_source_on_prefork_is_warned_about(scenario: Scenario) -> None:
+    """memory:// on a prefork pool of several children: each child counts from zero, and the worker says so."""
+    scenario.worker(
+        "volatile",
+        pool="prefork",
+        concurrency=2,
+        extra_args=("--fencing-source", "memory://", "--fencing-allow-volatile-source"),
+    )
+    log = scenario.workers[-1].log()
+    assert "MemoryTokenSource with a prefork pool of 2 processes: every child counts from its own zero" in log
