@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import sys
 from typing import Any, ClassVar
 
 from celery import bootsteps
@@ -159,6 +161,30 @@ class _FencingOption(CeleryOption):  # type: ignore[misc]
         return self._position
 
 
+def _install_one_line_errors() -> None:
+    """Print an uncaught FencingConfigurationError as one line, not a traceback through Celery's start-up.
+
+    A task-option typo is found when Celery creates the task's class, deep in
+    the worker's start, and the traceback (some 50 lines) ends with the one
+    line that matters. Only this library's configuration errors are shortened,
+    and not when CELERY_FENCING_TRACEBACK=1 or the root logger is at DEBUG;
+    every other exception goes to the hook that was there before.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "_celery_fencing", False):
+        return
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        wanted = os.environ.get("CELERY_FENCING_TRACEBACK") == "1" or logging.getLogger().isEnabledFor(logging.DEBUG)
+        if issubclass(exc_type, FencingConfigurationError) and not wanted:
+            sys.stderr.write(f"celery-fencing: {exc}\n")
+            return
+        previous(exc_type, exc, tb)
+
+    hook._celery_fencing = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def install(app: Any) -> Any:
     """Add the ``--fencing-*`` worker flags, the bootstep and the per-process hooks to *app*.
 
@@ -180,6 +206,7 @@ def install(app: Any) -> Any:
     def on_process_shutdown(**_: Any) -> None:
         runtime_for(app).close()
 
+    _install_one_line_errors()
     worker_process_init.connect(on_process_init, weak=False)
     worker_process_shutdown.connect(on_process_shutdown, weak=False)
     app._celery_fencing_handlers = (on_process_init, on_process_shutdown)

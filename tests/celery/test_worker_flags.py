@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,38 @@ def test_volatile_source_on_prefork_is_warned_about(scenario: Scenario) -> None:
     )
     log = scenario.workers[-1].log()
     assert "MemoryTokenSource with a prefork pool of 2 processes: every child counts from its own zero" in log
+
+
+@pytest.mark.parametrize(
+    ("task_options", "message"),
+    [
+        ('fencing_resorce="sku:{sku}"', "task reserve: unknown option(s) fencing_resorce"),
+        ('fencing_resource="sku:{skuu}"', "names {skuu}, which the task does not take (it takes: qty, sku)"),
+    ],
+    ids=["option-typo", "bad-template"],
+)
+def test_task_definition_mistakes_stop_the_worker_in_one_line(
+    tmp_path: Path, redis_url: str, task_options: str, message: str
+) -> None:
+    """A task-option typo or a template naming a missing argument: the worker exits 1 with one line, no traceback."""
+    (tmp_path / "shop.py").write_text(
+        "from celery import Celery\n"
+        "from celery_fencing.celery import FencedTask, install\n"
+        f"app = install(Celery('shop', broker={redis_url!r}))\n"
+        f"app.conf.fencing_source = 'sqlite:///{tmp_path / 'tokens.db'}'\n"
+        f"@app.task(base=FencedTask, {task_options})\n"
+        "def reserve(sku, qty):\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "shop", "worker", "-P", "solo"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("celery-fencing: ") and message in line
