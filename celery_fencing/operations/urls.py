@@ -90,6 +90,8 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
             f"gate URL must look like redis://host:6379/0 or postgresql://user@host/db, got {url!r}"
         )
     scheme = split_url(url, "gate URL").scheme.lower()
+    if scheme in ("fenced+redis", "fenced+rediss"):
+        return _result_fences(url)
     base = scheme.split("+", 1)[0]
     if base not in GATE_SCHEMES:
         raise FencingConfigurationError(
@@ -129,6 +131,21 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
         ) from exc
     gate = SQLGate(engine, table=sql_table or DEFAULT_TABLE)
     return OpenedGate(url, gate, "sql", engine.dispose, engine)
+
+
+def _result_fences(url: str) -> OpenedGate:
+    """The fenced result backend's fence hashes at the Redis of a ``fenced+redis://`` URL (read-only)."""
+    try:
+        import redis
+    except ImportError as exc:
+        raise FencingConfigurationError("fenced+redis:// needs redis-py: pip install 'celery-fencing[redis]'") from exc
+    from .result_fences import ResultFences
+
+    try:
+        client = redis.Redis.from_url(url.removeprefix("fenced+"), socket_connect_timeout=5, socket_timeout=5)
+    except (ValueError, TypeError) as exc:
+        raise FencingConfigurationError(f"malformed Redis URL {redact(url)!r}: {exc}") from exc
+    return OpenedGate(url, ResultFences(client), "result", client.close, client)
 
 
 def _require_sqlite_file(url: str) -> None:

@@ -240,3 +240,32 @@ def test_a_prefix_without_any_mark_is_pointed_out(tmp_path: Path, redis_url: str
     code, out, err = inspect(*base[:4], "--redis-prefix", redis_gate.prefix, *base[4:])
     (report,) = json.loads(out)["resources"]
     assert report["marks"][0]["high_water"] == 1 and report["notes"] == []
+
+
+def test_result_backend_marks_are_shown_beside_the_gates(tmp_path: Path, redis_url: str, redis_gate: RedisGate) -> None:
+    """A fenced+redis:// URL as a gate shows each task's result mark and the execution that sealed it."""
+    from celery import Celery, states
+    from celery.app.task import Context
+
+    from celery_fencing.context import Execution
+
+    source = SQLiteTokenSource(tmp_path / "tokens.db")
+    task_id = f"{redis_gate.prefix}-task"
+    token = source.mint(task_id)
+    source.close()
+    app = Celery("inspect-results", backend="fenced+" + redis_url, set_as_current=False)
+    execution = Execution(token, task_id=task_id, once=True)
+    app.backend.seal_result(task_id, execution)
+    request = Context(id=task_id, task="x", args=(), kwargs={})
+    request.fencing_token, request.fencing_execution = token, execution
+    app.backend.store_result(task_id, 1, states.SUCCESS, request=request)
+    try:
+        args = ["--source", f"sqlite:///{tmp_path / 'tokens.db'}", "--gate", "fenced+" + redis_url]
+        code, out, err = inspect(*args, "--task-id", task_id, "--json", task_id)
+        assert code == 0, err
+        (report,) = json.loads(out)["resources"]
+        assert report["marks"][0]["high_water"] == token.value
+        assert report["applied"][0]["execution"] == execution.execution_id
+    finally:
+        app.backend.client.delete(f"celery-task-meta-{task_id}", f"celery-task-fence-{task_id}")
+        app.close()
