@@ -14,6 +14,9 @@ Comparisons, each printed as two medians and their ratio (gated / plain):
   (the write as an application commits it).
 * The same three, transaction mode: a ``gate.transaction()`` holding that
   ``UPDATE`` against ``engine.begin()`` holding the same ``UPDATE``.
+* Both SQL modes again with the exactly-once record written (``, once``):
+  each call a new task's execution, made before timing, so the gate also
+  writes the applied record in the write's transaction.
 
 The subjects compared are measured together: each round makes ``count``
 turns, calling every subject once per turn, and the round after rotates which
@@ -146,9 +149,9 @@ def redis_group(run: str, calls: int) -> Iterator[Group]:
 
 
 @contextmanager
-def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
+def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Group]]:
     engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {"connect_timeout": 5})
-    gate = SQLGate(engine, table=f"{run}_hw")
+    gate = SQLGate(engine, table=f"{run}_hw", applied_table=f"{run}_applied")
     accounts = sa.Table(
         f"{run}_accounts",
         sa.MetaData(),
@@ -159,7 +162,7 @@ def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
     gate.create_schema()
     accounts.create(engine)
     with engine.begin() as conn:
-        conn.execute(sa.insert(accounts), [{"id": n, "balance": 0} for n in (1, 2, 3)])
+        conn.execute(sa.insert(accounts), [{"id": n, "balance": 0} for n in (1, 2, 3, 4, 5)])
     token = FencingToken("acct:1", 5)
     counter = iter(range(1, 1 << 62))
 
@@ -178,6 +181,18 @@ def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
         with gate.transaction(token) as conn:
             conn.execute(sa.update(accounts).where(accounts.c.id == 3).values(balance=next(counter)))
 
+    # Exactly once, as a fenced task writes: each call a new task's execution, so
+    # the gate also writes its applied record in the same transaction. Rows 4, 5.
+    stream = executions(token, run, 3 * calls)
+
+    def column_mode_once() -> None:
+        with token_context(next(stream)), engine.begin() as conn:
+            gate.fenced_update(conn, accounts, token, where=accounts.c.id == 4, values={"balance": next(counter)})
+
+    def guarded_transaction_once() -> None:
+        with token_context(next(stream)), gate.transaction(token) as conn:
+            conn.execute(sa.update(accounts).where(accounts.c.id == 5).values(balance=next(counter)))
+
     # Informative: the two statements alone, inside one open transaction, so
     # that COMMIT's flush to disk does not dilute the difference.
     held = engine.connect()
@@ -186,23 +201,49 @@ def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
     def column_mode_statement() -> None:
         gate.fenced_update(held, accounts, token, where=accounts.c.id == 1, values={"balance": next(counter)})
 
+    def column_mode_statement_once() -> None:
+        with token_context(next(stream)):
+            gate.fenced_update(held, accounts, token, where=accounts.c.id == 4, values={"balance": next(counter)})
+
     def plain_statement() -> None:
         held.execute(sa.update(accounts).where(accounts.c.id == 2).values(balance=next(counter)))
 
     try:
         yield [
             Group(
-                {"column mode": column_mode, "UPDATE": plain_update, "transaction": guarded_transaction},
+                {
+                    "column mode": column_mode,
+                    "column mode, once": column_mode_once,
+                    "UPDATE": plain_update,
+                    "transaction": guarded_transaction,
+                    "transaction, once": guarded_transaction_once,
+                },
                 [
                     Comparison(f"{store}: fenced_update vs UPDATE", "column mode", "UPDATE", TARGETS["column mode"]),
                     Comparison(
+                        f"{store}: fenced_update, once vs UPDATE", "column mode, once", "UPDATE", TARGETS["column mode"]
+                    ),
+                    Comparison(
                         f"{store}: gate.transaction vs engine.begin", "transaction", "UPDATE", TARGETS["transaction"]
+                    ),
+                    Comparison(
+                        f"{store}: gate.transaction, once vs begin",
+                        "transaction, once",
+                        "UPDATE",
+                        TARGETS["transaction"],
                     ),
                 ],
             ),
             Group(
-                {"column mode": column_mode_statement, "UPDATE": plain_statement},
-                [Comparison(f"{store}, statements alone, no COMMIT", "column mode", "UPDATE", None)],
+                {
+                    "column mode": column_mode_statement,
+                    "column mode, once": column_mode_statement_once,
+                    "UPDATE": plain_statement,
+                },
+                [
+                    Comparison(f"{store}, statements alone, no COMMIT", "column mode", "UPDATE", None),
+                    Comparison(f"{store}, once, statements alone", "column mode, once", "UPDATE", None),
+                ],
             ),
         ]
     finally:
@@ -210,6 +251,7 @@ def sql_groups(store: str, url: str, run: str) -> Iterator[list[Group]]:
         held.close()
         accounts.drop(engine)
         gate.table.drop(engine)
+        gate.applied_table.drop(engine)
         engine.dispose()
 
 
@@ -235,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 groups = [stack.enter_context(redis_group(run, args.warmup + args.rounds * args.count))]
             else:
                 url = SQL_URLS.get(store) or f"sqlite:///{Path(tmp) / 'bench.db'}"
-                groups = stack.enter_context(sql_groups(store, url, run))
+                groups = stack.enter_context(sql_groups(store, url, run, args.warmup + args.rounds * args.count))
             for group in groups:
                 medians = measure(group.subjects, args.rounds, args.count, args.warmup)
                 for comparison in group.comparisons:

@@ -81,10 +81,17 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 
-from ..context import resolve_token
-from ..exceptions import FencingConfigurationError, GateUnavailableError, StaleTokenError
+from ..context import AppliedRecord, applied_record, resolve_token
+from ..exceptions import (
+    AlreadyAppliedError,
+    FencingConfigurationError,
+    GateUnavailableError,
+    InvalidArgumentError,
+    StaleTokenError,
+)
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
+from .applied_sql import AppliedStatements, applied_statements, missing_table_message, retention_seconds
 from .refusal import raise_why_refused
 
 __all__ = ["SUPPORTED_VENDORS", "DjangoGate", "fenced_update"]
@@ -96,6 +103,69 @@ SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite"})
 
 # Connection-level failures of statements that are not the gate's own (column mode).
 _UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+class _AppliedTable:
+    """Exactly once: the applied-record table of one model, on whichever database alias a write uses.
+
+    The SQL is :mod:`celery_fencing.gates.applied_sql`'s, the same SQLGate runs.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._sql: dict[str, AppliedStatements] = {}
+        self._exists: set[str] = set()
+
+    def statements(self, alias: str) -> AppliedStatements:
+        sql = self._sql.get(alias)
+        if sql is None:
+            connection = connections[alias]
+            quote = connection.ops.quote_name
+            table = quote(self.model._meta.db_table)
+            sql = self._sql[alias] = applied_statements(connection.vendor, table, quote=quote, param=lambda name: "%s")
+        return sql
+
+    def check(self, alias: str, cursor: Any) -> None:
+        """Fail closed, once per alias, when the table is missing: name the migration."""
+        if alias in self._exists:
+            return
+        table = self.model._meta.db_table
+        if table not in connections[alias].introspection.table_names(cursor):
+            raise GateUnavailableError(
+                missing_table_message(
+                    table, f"run 'manage.py migrate celery_fencing' (migration 0003) on database {alias!r}"
+                ),
+                gate="DjangoGate",
+            )
+        self._exists.add(alias)
+
+    def record(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> bool:
+        """Write or refresh the record; ``False`` when a live record of another execution refused it."""
+        params = [token.resource, record.task_id, record.execution_id, retention_seconds(record.retention)]
+        cursor.execute(self.statements(alias).record, params)
+        return bool(cursor.rowcount != 0)
+
+    def find(self, alias: str, cursor: Any, resource: str, task_id: str) -> str | None:
+        """The execution id of the live record, or ``None``."""
+        cursor.execute(self.statements(alias).select, [resource, task_id])
+        row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def applied_by_other(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> bool:
+        found = self.find(alias, cursor, token.resource, record.task_id)
+        return found is not None and found != record.execution_id
+
+
+_default_applied: _AppliedTable | None = None
+
+
+def _default_applied_table() -> _AppliedTable:
+    global _default_applied
+    if _default_applied is None:
+        from ..contrib.django.models import AppliedRecord as AppliedRecordModel
+
+        _default_applied = _AppliedTable(AppliedRecordModel)
+    return _default_applied
 
 
 @dataclass(frozen=True)
@@ -136,11 +206,29 @@ class DjangoGate:
         not detected.
     :param verifier: checks every token's origin before it is used (signed
         mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
+    :param applied_model: the applied-record model (default: ``AppliedRecord``
+        of the app, table ``fencing_applied``); only its table name is used.
     :raises FencingConfigurationError: an unknown alias or an unsupported database.
+
+    Exactly once: inside a fenced execution with ``once`` on, every effect of
+    the execution's own token (:meth:`transaction`, :meth:`guard`,
+    :meth:`fenced_update`; not :meth:`claim`) also writes the row "task id T
+    applied on resource R by execution E" of the applied-record table, in the
+    same transaction, with SQLGate's SQL. Another execution of T is refused
+    with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
+    until the row expires, after the execution's retention on the database's
+    clock. Until migration 0003 has made the table, such writes fail closed
+    with ``GateUnavailableError`` naming ``manage.py migrate celery_fencing``.
+    :meth:`prune_applied` deletes expired rows.
     """
 
     def __init__(
-        self, using: str = DEFAULT_DB_ALIAS, *, model: Any = None, verifier: TokenVerifier | None = None
+        self,
+        using: str = DEFAULT_DB_ALIAS,
+        *,
+        model: Any = None,
+        verifier: TokenVerifier | None = None,
+        applied_model: Any = None,
     ) -> None:
         if not isinstance(using, str) or using not in connections.settings:
             raise FencingConfigurationError(f"no database alias {using!r} in settings.DATABASES")
@@ -166,6 +254,7 @@ class DjangoGate:
                 model._meta.label,
             )
         self._sql: _Statements | None = None
+        self._applied = _default_applied_table() if applied_model is None else _AppliedTable(applied_model)
 
     def _statements(self) -> _Statements:
         # Built on first use: quoting needs the connection's operations, not a connection.
@@ -226,8 +315,45 @@ class DjangoGate:
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        with self.transaction(token):
+        with self._transaction(self._checked(token), None):
             pass
+
+    def applied(self, resource: str, task_id: str) -> str | None:
+        """Return the id of the execution of *task_id* that applied on *resource*, or ``None``.
+
+        ``None`` when no execution of the task wrote through this gate with
+        exactly-once, or its record expired (on the database's clock).
+
+        :raises InvalidTokenError: bad resource name.
+        :raises GateUnavailableError: the database failed or could not be reached, or the table is missing.
+        """
+        validate_resource(resource)
+        try:
+            with connections[self.using].cursor() as cursor:
+                return self._applied.find(self.using, cursor, resource, task_id)
+        except DatabaseError as exc:
+            _unavailable(exc, "reading an applied record")
+
+    def prune_applied(self, limit: int = 1000) -> int:
+        """Delete at most *limit* expired applied records, in an atomic block of its own; return how many.
+
+        Expired records already count as absent; pruning only bounds the
+        table's size. Run it periodically (a Celery beat task, cron), in a
+        loop while it returns *limit*. It finds expired rows by scanning the table.
+
+        :raises InvalidArgumentError: *limit* is not a positive int.
+        :raises GateUnavailableError: the database failed or could not be reached.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgumentError(f"limit must be a positive int, not {limit!r:.60}")
+        prune = self._applied.statements(self.using).prune
+        try:
+            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+                cursor.execute(prune, [limit])
+                count: int = cursor.rowcount
+        except DatabaseError as exc:
+            _unavailable(exc, "pruning applied records")
+        return count
 
     def high_water(self, resource: str) -> int | None:
         """Return the resource's mark, or ``None`` if it was never claimed.
@@ -306,22 +432,29 @@ class DjangoGate:
         The token is checked (and verified, with a verifier) when this method
         is called, before any I/O.
 
+        With exactly-once on, entering also records the execution's task id
+        (see :class:`DjangoGate`) in the block.
+
         :raises StaleTokenError: on entering, for a token below the mark (rolled back).
+        :raises AlreadyAppliedError: on entering, another execution of this
+            task id applied on the resource (rolled back).
         :raises GrantorMismatchError: on entering, for a token of another grantor (rolled back).
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises GateUnavailableError: the database failed or could not be
-            reached, on entering or at COMMIT.
+            reached, on entering or at COMMIT; or the applied-record table is
+            missing (exactly-once on, migration 0003 not run).
         """
-        return self._transaction(self._checked(token))
+        checked = self._checked(token)
+        return self._transaction(checked, applied_record(checked))
 
     @contextmanager
-    def _transaction(self, token: FencingToken) -> Iterator[Any]:
+    def _transaction(self, token: FencingToken, record: AppliedRecord | None) -> Iterator[Any]:
         connection = connections[self.using]
         phase = "connecting"
         try:
             with transaction.atomic(using=self.using):
                 phase = "advancing the mark"
-                self._advance(connection, token)
+                self._advance(connection, token, record)
                 phase = "body"
                 yield connection
                 phase = "committing"
@@ -340,12 +473,18 @@ class DjangoGate:
         error is caught inside it, and refuses further queries in it): stale
         writes can never commit.
 
+        With exactly-once on, it also records the execution's task id (see
+        :class:`DjangoGate`); ``AlreadyAppliedError`` marks the block for
+        rollback as well.
+
         :raises StaleTokenError: the token is below the mark.
+        :raises AlreadyAppliedError: another execution of this task id applied on the resource.
         :raises GrantorMismatchError: the mark belongs to another grantor.
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         :raises FencingConfigurationError: not inside ``transaction.atomic(using=...)``:
             in autocommit the mark would be committed apart from the data.
-        :raises GateUnavailableError: the database failed or could not be reached.
+        :raises GateUnavailableError: the database failed or could not be reached,
+            or the applied-record table is missing.
         """
         checked = self._checked(token)
         connection = connections[self.using]
@@ -354,25 +493,38 @@ class DjangoGate:
                 f"guard() needs an atomic block on database {self.using!r} (with transaction.atomic(using=...)): "
                 "without one the mark would be committed apart from the data"
             )
-        self._advance(connection, checked)
+        self._advance(connection, checked, applied_record(checked))
 
-    def _advance(self, connection: Any, token: FencingToken) -> None:
+    def _advance(self, connection: Any, token: FencingToken, record: AppliedRecord | None) -> None:
         sql = self._statements()
+        applied = self._applied
         try:
             with connection.cursor() as cursor:
+                if record is not None:
+                    applied.check(self.using, cursor)
                 cursor.execute(sql.upsert, self._mark_params(token))
                 if cursor.rowcount != 0:
-                    return
-                # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT locks
-                # the conflicting row even when WHERE fails): this reads the refusing mark.
-                cursor.execute(sql.select, [token.resource])
-                row = cursor.fetchone()
+                    # Under the mark's row lock: no other writer of the resource checks or writes records now.
+                    if record is None or applied.record(self.using, cursor, token, record):
+                        return
+                    row, other = None, True
+                else:
+                    # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT locks
+                    # the conflicting row even when WHERE fails): this reads the refusing mark.
+                    cursor.execute(sql.select, [token.resource])
+                    row = cursor.fetchone()
+                    other = record is not None and applied.applied_by_other(self.using, cursor, token, record)
         except DatabaseError as exc:
             _unavailable(exc, "advancing the mark")
         transaction.set_rollback(True, using=self.using)
+        high_water = None if row is None else row[0]
         if row is not None:
             check_grantor(token, row[1])  # another grantor's mark is the news, whatever the values
-        raise StaleTokenError(resource=token.resource, token=token.value, high_water=None if row is None else row[0])
+        if record is not None and other:
+            raise AlreadyAppliedError(
+                resource=token.resource, task_id=record.task_id, superseded=row is not None, high_water=high_water
+            )
+        raise StaleTokenError(resource=token.resource, token=token.value, high_water=high_water)
 
     # Column mode --------------------------------------------------------------
 
@@ -384,9 +536,12 @@ class DjangoGate:
         database alias or mark table: the queryset's own database and the
         row's fence decide.
 
+        With exactly-once on, the record goes to this gate's applied-record
+        model's table on the queryset's database, in the same atomic block.
+
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
         """
-        return fenced_update(queryset, self._checked(token), **options)
+        return _fenced_update(queryset, self._checked(token), self._applied, **options)
 
     def __repr__(self) -> str:
         return f"DjangoGate(using={self.using!r}, model={self.model.__name__})"
@@ -427,17 +582,47 @@ def fenced_update(
     way round). It belongs to no gate, so it verifies no token's origin: with
     a verifier, call :meth:`DjangoGate.fenced_update`, which checks it first.
 
+    Exactly once: inside a fenced execution with ``once`` on, an UPDATE with
+    *values* (not a claim) that changed rows is followed by the applied-record upsert (table
+    ``fencing_applied``, see :class:`DjangoGate`) on the queryset's
+    database, in the caller's ``transaction.atomic(using=...)`` block (in
+    autocommit, in an atomic block of its own around both). When the record
+    refuses (``AlreadyAppliedError``) the UPDATE has run: the block is marked
+    for rollback; let the exception leave it.
+
     :returns: the number of rows updated; 0 when no row matches the queryset.
     :raises StaleTokenError: a matching row's fence is above the token
         (``high_water`` is that fence; nothing changed).
+    :raises AlreadyAppliedError: another execution of this task id applied on
+        the resource (``superseded`` when a row's fence is also above the token).
     :raises ResourceMismatchError: a matching row belongs to another resource.
     :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
     :raises InvalidTokenError: bad token, before any I/O.
     :raises FencingConfigurationError: no such field, or *values* sets the fence or grantor field.
-    :raises GateUnavailableError: the connection failed; other database errors
-        (your constraints) propagate unchanged.
+    :raises GateUnavailableError: the connection failed, or the applied-record
+        table is missing; other database errors (your constraints) propagate unchanged.
     """
-    checked = resolve_token(token)
+    return _fenced_update(
+        queryset,
+        resolve_token(token),
+        _default_applied_table(),
+        fence_field=fence_field,
+        resource_field=resource_field,
+        grantor_field=grantor_field,
+        **values,
+    )
+
+
+def _fenced_update(
+    queryset: QuerySet[Any],
+    checked: FencingToken,
+    applied: _AppliedTable,
+    *,
+    fence_field: str = "fence",
+    resource_field: str | None = None,
+    grantor_field: str | None = None,
+    **values: Any,
+) -> int:
     for name in (fence_field, grantor_field):
         if name is not None and name in values:
             raise FencingConfigurationError(f"values must not set the field {name!r}: the gate sets it")
@@ -453,19 +638,58 @@ def fenced_update(
         # Only with a grantor: a token without one is checked by value, as before grantor ids.
         condition &= Q(**{f"{grantor_field}__isnull": True}) | Q(**{grantor_field: checked.grantor})
         assignments[grantor_field] = checked.grantor
+    alias = queryset.db
+    connection = connections[alias]
+    # No values is a claim of the row, not an effect: it neither records nor checks, as claim() does.
+    record = applied_record(checked) if values else None
+    if record is not None and not connection.in_atomic_block:
+        # In autocommit the UPDATE would commit before its record: one block of its own holds both.
+        try:
+            with transaction.atomic(using=alias):
+                return _fenced_update(
+                    queryset,
+                    checked,
+                    applied,
+                    fence_field=fence_field,
+                    resource_field=resource_field,
+                    grantor_field=grantor_field,
+                    **values,
+                )
+        except _UNAVAILABLE as exc:
+            _unavailable(exc, "committing a fenced update")
     try:
+        if record is not None:
+            with connection.cursor() as cursor:
+                applied.check(alias, cursor)
         count: int = queryset.filter(condition).update(**assignments)
         if count:
-            return count
+            if record is None:
+                return count
+            with connection.cursor() as cursor:
+                if applied.record(alias, cursor, checked, record):
+                    return count
+            transaction.set_rollback(True, using=alias)
+            raise AlreadyAppliedError(resource=checked.resource, task_id=record.task_id, superseded=False)
         # Nothing updated: tell "no such row" from "stale", "another resource's row" and
         # "another grantor's fence". In a block, FOR UPDATE reads the latest committed row
         # rather than a snapshot.
-        connection = connections[queryset.db]
         probe = queryset.select_for_update() if connection.in_atomic_block else queryset
         rows = list(probe.values_list(fence_field, resource_field or fence_field, grantor_field or fence_field))
+        try:
+            raise_why_refused(
+                checked, rows, check_owner=resource_field is not None, check_grantors=grantor_field is not None
+            )
+        except StaleTokenError as stale:
+            if record is None:
+                raise
+            with connection.cursor() as cursor:
+                if not applied.applied_by_other(alias, cursor, checked, record):
+                    raise
+            raise AlreadyAppliedError(
+                resource=checked.resource, task_id=record.task_id, superseded=True, high_water=stale.high_water
+            ) from None
     except _UNAVAILABLE as exc:
         _unavailable(exc, "fenced update")
-    raise_why_refused(checked, rows, check_owner=resource_field is not None, check_grantors=grantor_field is not None)
     return 0
 
 

@@ -706,7 +706,7 @@ class SQLGate:
 
         Exactly once: inside a fenced execution with ``once`` on, an UPDATE
         that changed rows is followed, on *connection*, by the applied-record
-        upsert (see :class:`SQLGate`), so *connection* must be in a
+        upsert (see :class:`SQLGate`; not for ``values={}``, a claim), so *connection* must be in a
         transaction you commit after this call (``engine.begin()``), never in
         ``AUTOCOMMIT``. When the record refuses (``AlreadyAppliedError``), the
         UPDATE has run in that transaction: let the exception roll it back.
@@ -728,7 +728,8 @@ class SQLGate:
         for column in (fence_column, grantor_column):
             if column is not None and column in values:
                 raise FencingConfigurationError(f"values must not set the column {column!r}: the gate sets it")
-        record = applied_record(checked)
+        # values={} is a claim of the row, not an effect: it neither records nor checks, as claim() does.
+        record = applied_record(checked) if values else None
         if record is not None:
             if connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
                 raise FencingConfigurationError(

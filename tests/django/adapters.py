@@ -59,9 +59,13 @@ class DjangoAdapter(GateAdapter):
 
     def clear(self) -> None:
         """Empty the mark, data and log tables of this alias (the schema is this session's own)."""
+        from django.db import connections
+
         self.gate.model.objects.using(self.alias).all().delete()
         self.items.all().delete()
         self.entries.all().delete()
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute("DELETE FROM fencing_applied")
 
     def write(self, token: Any, key: str, value: int) -> None:
         with self.gate.transaction(token):
@@ -108,6 +112,29 @@ def child_append(alias: str, resource: str, key: str, seed: int, count: int, bar
         barrier.wait(timeout=60)
         report = append_random(adapter, resource, key, seed, count)
         queue.put((report.accepted, report.rejected))
+    except BaseException as exc:
+        queue.put(repr(exc))
+        raise
+    finally:
+        adapter.close()
+
+
+def child_apply(alias: str, value: int, start: Any, queue: Any) -> None:
+    """Child-process entry point: set Django up, wait for the start, run one execution of "task-1", report."""
+    from celery_fencing import AlreadyAppliedError, StaleTokenError
+    from tests.gates.test_applied_contract import executing
+
+    adapter = DjangoAdapter(AdapterSpec("django", alias))
+    try:
+        start.wait(30)
+        with executing(value) as token:
+            try:
+                adapter.append(token, "log", value)
+                queue.put("ok")
+            except AlreadyAppliedError:
+                queue.put("applied")
+            except StaleTokenError:
+                queue.put("stale")
     except BaseException as exc:
         queue.put(repr(exc))
         raise

@@ -7,6 +7,10 @@ made the table, adopt it with ``manage.py migrate celery_fencing --fake-initial`
 
 ``grantor`` (migration 0002) is the id of the grantor the mark belongs to,
 NULL until a token with a grantor passes the mark.
+
+:class:`AppliedRecord` (migration 0003) is the exactly-once table
+``fencing_applied``, the same as SQLGate's (see
+:mod:`celery_fencing.gates.applied_sql`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ from typing import Any
 import django
 from django.db import models
 
+from ...gates.applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
 from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
 
-__all__ = ["HighWaterMark", "token_range_constraint"]
+__all__ = ["AppliedRecord", "HighWaterMark", "token_range_constraint"]
+
+# Django 5.2 has composite primary keys; before it, the ORM is told resource is the key
+# (a record is then readable through the ORM, and must only be written by the gate).
+_COMPOSITE_PK = django.VERSION >= (5, 2)
 
 
 def token_range_constraint(name: str) -> Any:
@@ -43,3 +52,28 @@ class HighWaterMark(models.Model):  # type: ignore[misc]
 
     def __str__(self) -> str:
         return f"{self.resource}: {self.token}" + ("" if self.grantor is None else f" ({self.grantor})")
+
+
+class AppliedRecord(models.Model):  # type: ignore[misc]
+    """Exactly once: task ``task_id`` applied on ``resource`` by ``execution``, until ``expires_at`` (epoch seconds).
+
+    Written only by :class:`~celery_fencing.gates.django.DjangoGate` (and
+    SQLGate) in the transaction of the effect. The table is made by
+    migration 0003 with SQL shared with SQLGate (primary key (resource,
+    task_id)), so the model is unmanaged: read it, never write it here.
+    """
+
+    if _COMPOSITE_PK:
+        pk = models.CompositePrimaryKey("resource", "task_id")
+    resource = models.CharField(max_length=MAX_RESOURCE_LENGTH, primary_key=not _COMPOSITE_PK)
+    task_id = models.CharField(max_length=MAX_TASK_ID_LENGTH)
+    execution = models.CharField(max_length=EXECUTION_ID_LENGTH)
+    expires_at = models.BigIntegerField()
+
+    class Meta:
+        managed = False
+        db_table = DEFAULT_APPLIED_TABLE
+        verbose_name = "fencing applied record"
+
+    def __str__(self) -> str:
+        return f"{self.task_id} applied on {self.resource} by {self.execution}"
