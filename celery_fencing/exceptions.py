@@ -213,11 +213,15 @@ class AlreadyAppliedError(FencingError):
     apply this error prevents. A fenced task that meets it ends as done
     (see the exactly-once section of the Celery docs).
 
-    ``superseded`` is true when this execution's token is also below the
-    resource's mark: a newer execution holds the resource and finishes the
-    task. When false, this execution is the newest, and the one that applied
-    the effect is gone (it failed, was retried, or died before finishing).
-    ``high_water`` is the mark when the store reports it.
+    ``superseded`` is true when the execution that applied is a newer one of
+    the same task (its token, ``applied_token``, is above this execution's):
+    it finishes the task. When false, the one that applied is older: this
+    execution is the newest of the task, and the older one is gone (it
+    failed, was retried, or died before finishing) or about to finish. The
+    resource's mark is no guide here: on a resource shared by many tasks it
+    may belong to another task. ``applied_token`` is ``None`` where the store
+    records no token (the result backend's seal); ``high_water`` is the
+    resource's mark where the store read it.
     """
 
     def __init__(
@@ -227,6 +231,7 @@ class AlreadyAppliedError(FencingError):
         resource: str | None = None,
         task_id: str | None = None,
         superseded: bool = False,
+        applied_token: int | None = None,
         high_water: int | None = None,
     ) -> None:
         if not message:
@@ -235,6 +240,7 @@ class AlreadyAppliedError(FencingError):
         self.resource = resource
         self.task_id = task_id
         self.superseded = superseded
+        self.applied_token = applied_token
         self.high_water = high_water
 
 

@@ -197,7 +197,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
                 resource=token.resource,
                 task_id=task_id,
                 superseded=kind == "superseded",
-                high_water=mark,
+                applied_token=mark,
             )
         if kind == "grantor":
             raise GrantorMismatchError(

@@ -42,8 +42,8 @@ class MemoryGate:
         self._grantors: dict[str, str] = {}
         self._owners: dict[str, str] = {}
         self._data: dict[str, Any] = {}
-        # (resource, task id) -> (execution id, expiry on time.monotonic())
-        self._applied: dict[tuple[str, str], tuple[str, float]] = {}
+        # (resource, task id) -> (execution id, expiry on time.monotonic(), token value)
+        self._applied: dict[tuple[str, str], tuple[str, float, int]] = {}
 
     def _advance(self, token: FencingToken, key: str | None, record: AppliedRecord | None = None) -> None:
         # Caller holds the lock: check owner, grantor, applied record and mark, then raise the mark.
@@ -64,13 +64,13 @@ class MemoryGate:
                 raise AlreadyAppliedError(
                     resource=token.resource,
                     task_id=record.task_id,
-                    superseded=mark is not None and token.value < mark,
-                    high_water=mark,
+                    superseded=applied[2] > token.value,
+                    applied_token=applied[2],
                 )
         if mark is not None and token.value < mark:
             raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
         if record is not None:
-            self._applied[(token.resource, record.task_id)] = (record.execution_id, now + record.retention)
+            self._applied[(token.resource, record.task_id)] = (record.execution_id, now + record.retention, token.value)
             self._expire_records(now)
         self._marks[token.resource] = token.value
         if token.grantor is not None:

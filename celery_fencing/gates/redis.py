@@ -21,9 +21,10 @@ Key layout, for a gate with ``prefix="fencing"``:
                                     until a token with a grantor passes the mark)
 ``fencing:owner:<key>``             the resource a data key is bound to, set on
                                     the key's first gated write
-``fencing:applied:<resource>:<id>`` the execution of task ``<id>`` that applied
-                                    on the resource (exactly once; expires after
-                                    the execution's retention)
+``fencing:applied:<resource>:<id>`` ``<token>:<execution id>`` of the execution
+                                    of task ``<id>`` that applied on the resource
+                                    (exactly once; expires after the execution's
+                                    retention)
 ``<key>``                           your data, untouched by the gate's naming
 ==================================  ==============================================
 
@@ -325,7 +326,10 @@ class RedisGate:
             raw = self.client.get(f"{self._applied_prefix}{resource}:{task_id}")
         except RedisError as exc:
             _unavailable(exc)
-        return raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+        if raw is None:
+            return None
+        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+        return text.split(":", 1)[1]  # "<token>:<execution id>"
 
     def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
         """Operator repair: set the mark to *token* (value and grantor), lower or not, if it is still *expected*.
@@ -613,7 +617,7 @@ def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRe
             resource=token.resource,
             task_id=record.task_id if record is not None else None,
             superseded=kind == "superseded",
-            high_water=None if detail == "-" else decode_mark(detail),
+            applied_token=None if detail == "-" else decode_mark(detail),
         )
     if kind == "grantor":
         raise GrantorMismatchError(resource=token.resource, token_grantor=token.grantor, expected_grantor=detail)

@@ -12,9 +12,9 @@ The refusal kinds:
 ``grantor``      the mark belongs to another grantor (detail: its grantor id)
 ``corrupt``      the mark key does not hold a 20-digit mark (detail: the key)
 ``owner``        the data belongs to another resource (detail: that resource)
-``applied``      another execution of this task id applied here, and this
-                 execution holds the newest token (detail: the mark, or ``-``)
-``superseded``   the same, and a newer execution holds the resource (detail: the mark)
+``applied``      another, older execution of this task id applied here (detail:
+                 its token, or ``-`` when the record names no token)
+``superseded``   a newer execution of this task id applied here (detail: its token)
 ``tokenless``    a write without a token over a result that one wrote (backend)
 ``changed``      an operator's reset found the mark moved (detail: the mark, or ``-``)
 ===============  ===========================================================
@@ -47,18 +47,27 @@ FENCE_FUNCTION = """\
 -- token may write, else the refusal "FENCED <kind> <detail>".
 --   mark       the stored mark (20 digits) or false
 --   grantor    the grantor id of the mark or false
---   applied    the execution id recorded for this task id here, or false
+--   applied    the record of this task id here, "<token>:<execution id>" (the token
+--              of the execution that applied, 20 digits), or an execution id alone
+--              (the result backend's seal), or false
 --   execution  this execution's id; '' records and checks nothing
 --   where      the mark's key, named in a corrupt-mark refusal
 -- Grantor first: a wiped grantor's tokens are low too, and the mismatch is the news.
 -- "Applied" before "stale": a refused copy of a task that another execution
--- applied must end as done, not retry and apply again.
+-- applied must end as done, not retry and apply again. Whether it was applied by
+-- a newer execution of the task (superseded: that one finishes the task) or an
+-- older one is told by the recorded token: the resource's mark may belong to
+-- another task.
 local function fence(mark, grantor, applied, token, token_grantor, execution, where)
   if grantor and token_grantor ~= '' and grantor ~= token_grantor then return 'FENCED grantor ' .. grantor end
   if mark and #mark ~= 20 then return 'FENCED corrupt ' .. where end
-  if applied and execution ~= '' and applied ~= execution then
-    if mark and mark > token then return 'FENCED superseded ' .. mark end
-    return 'FENCED applied ' .. (mark or '-')
+  if applied and execution ~= '' then
+    local by, at = applied, nil
+    if string.sub(applied, 21, 21) == ':' then at, by = string.sub(applied, 1, 20), string.sub(applied, 22) end
+    if by ~= execution then
+      if at and at > token then return 'FENCED superseded ' .. at end
+      return 'FENCED applied ' .. (at or '-')
+    end
   end
   if mark and mark > token then return 'FENCED stale ' .. mark end
   return nil
@@ -147,7 +156,9 @@ _ADVANCE_ONE_KEY = """\
 if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[6]) end
 if ARGV[3] ~= '' and not grantor then keep(KEYS[2], ARGV[3], ARGV[6]) end
 if not owner then keep(KEYS[4], ARGV[2], ARGV[6]) end
-if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+if ARGV[4] ~= '' and applied ~= ARGV[1] .. ':' .. ARGV[4] then
+  redis.call('SET', KEYS[3], ARGV[1] .. ':' .. ARGV[4], 'PX', ARGV[5])
+end
 return 1
 """
 
@@ -228,7 +239,9 @@ if refused then return redis.error_reply(refused) end
 -- fails half-way, so the mark and the record must already cover whatever the body writes.
 if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[6]) end
 if ARGV[3] ~= '' and not grantor then keep(KEYS[2], ARGV[3], ARGV[6]) end
-if ARGV[4] ~= '' and applied ~= ARGV[4] then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+if ARGV[4] ~= '' and applied ~= ARGV[1] .. ':' .. ARGV[4] then
+  redis.call('SET', KEYS[3], ARGV[1] .. ':' .. ARGV[4], 'PX', ARGV[5])
+end
 for i = 1, n do
   if not owners[i] then keep(KEYS[3 + i], ARGV[2], ARGV[6]) end
 end

@@ -88,7 +88,8 @@ def _check_applied_once(scenario: Scenario, run: Redelivery) -> None:
     assert f"[{run.task_id}] already applied on 'user:{USER}' by another execution (at body)" in run.w1.log()
     result = scenario.client.AsyncResult(run.task_id)
     assert result.state == states.SUCCESS
-    applied_by = scenario.redis.get(scenario.key("fence", "applied", f"user:{USER}", run.task_id))
+    record = scenario.redis.get(scenario.key("fence", "applied", f"user:{USER}", run.task_id))  # "<token>:<id>"
+    applied_by = record.split(":", 1)[1] if record else None
     sealed_by = scenario.redis.hget(f"celery-task-fence-{run.task_id}", "done")
     assert applied_by is not None and sealed_by == applied_by, "the result must be the applying execution's"
 

@@ -25,6 +25,13 @@ from .adapters import AdapterSpec, GateAdapter, open_adapter
 RESOURCE = "acct:{7}"
 
 
+def _sql_records_no_token_yet(adapter: GateAdapter, request: pytest.FixtureRequest) -> None:
+    # The SQL applied tables record no token yet, so they still judge "superseded" by the mark:
+    # strict, so that the marker goes as soon as they do (the follow-up adds the column).
+    if adapter.spec.kind in ("sql", "django"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the SQL applied table records no token yet"))
+
+
 @contextmanager
 def executing(
     value: int, task_id: str = "task-1", *, once: bool = True, retention: float = 60.0
@@ -49,8 +56,9 @@ def test_same_task_id_twice_applies_once(adapter: GateAdapter) -> None:
     assert adapter.log("log") == [1]
 
 
-def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter) -> None:
+def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter, request: pytest.FixtureRequest) -> None:
     """The quickstart timeline: the older copy resumes after the newer one applied; it is refused, not retried."""
+    _sql_records_no_token_yet(adapter, request)
     with executing(1) as older:
         adapter.claim(older)
     with executing(2) as newer:
@@ -58,8 +66,27 @@ def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter) -> None:
         adapter.append(newer, "log", 2)
     with executing(1) as older, pytest.raises(AlreadyAppliedError) as refused:  # the resumed copy
         adapter.append(older, "log", 1)
-    assert refused.value.superseded is True
+    assert refused.value.superseded is True and refused.value.applied_token == 2
     assert adapter.log("log") == [2]
+
+
+def test_on_a_shared_resource_the_newest_copy_is_not_superseded_by_another_task(
+    adapter: GateAdapter, request: pytest.FixtureRequest
+) -> None:
+    """Task A applied, then task B raised the mark; A's newer copy is refused as applied but not superseded.
+
+    "Superseded" means a newer execution of the same task applied: the
+    resource's mark, which another task may hold, does not say that.
+    """
+    _sql_records_no_token_yet(adapter, request)
+    with executing(1, "task-a") as first:
+        adapter.append(first, "log", 1)
+    with executing(3, "task-b") as other_task:
+        adapter.claim(other_task)
+    with executing(2, "task-a") as newer_copy, pytest.raises(AlreadyAppliedError) as refused:
+        adapter.append(newer_copy, "log", 2)
+    assert refused.value.superseded is False and refused.value.applied_token == 1
+    assert adapter.log("log") == [1]
 
 
 def test_a_stale_copy_of_an_unapplied_task_is_stale_not_applied(adapter: GateAdapter) -> None:
