@@ -500,10 +500,14 @@ class DjangoGate:
         applied = self._applied
         try:
             with connection.cursor() as cursor:
+                # The upsert first: on SQLite a transaction that read first and then writes
+                # fails at once with "database is locked" when another writer holds the lock
+                # (no busy wait for a lock upgrade); a write first waits its turn.
+                cursor.execute(sql.upsert, self._mark_params(token))
+                accepted = cursor.rowcount != 0
                 if record is not None:
                     applied.check(self.using, cursor)
-                cursor.execute(sql.upsert, self._mark_params(token))
-                if cursor.rowcount != 0:
+                if accepted:
                     # Under the mark's row lock: no other writer of the resource checks or writes records now.
                     if record is None or applied.record(self.using, cursor, token, record):
                         return
