@@ -25,42 +25,15 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    a fenced result backend, before Celery sends the callbacks: the first
    execution to seal is the one whose result stands and whose chain goes on.
 
-Task options (class attributes, or keyword arguments of ``@app.task``):
-
-``fencing_resource``
-    ``"account:{account_id}"`` (formatted with the task's bound arguments), a
-    callable taking the task's arguments, or ``None`` for the task id.
-``fencing_on_stale``
-    ``"retry"``, ``"ignore"``, ``"reject"``, ``"raise"`` or a policy object
-    (:mod:`celery_fencing.policies`). Default: ``fencing_on_stale`` setting,
-    else ``"ignore"`` for task-id resources and ``"retry"`` otherwise.
-``fencing_gates``
-    Gates to claim on at start: a sequence, or a zero-argument callable
-    called once per worker process (for clients that must not cross fork).
-``fencing_mode``
-    ``"token"`` or ``"exclusive"`` (hold a ZooKeeper lease for the run).
-``fencing_lock_delay``
-    Exclusive mode: seconds the resource stays un-grantable after a holder
-    failed instead of releasing it (Chubby's lock-delay; default: the
-    ``fencing_lock_delay`` setting, 0). The task waits it out in place: its
-    lease timeout is ``fencing_timeout`` plus the delay.
-``fencing_once``
-    ``True`` (default: the ``fencing_once`` setting, on) to apply each task id
-    once; ``False`` for tasks whose effects are meant to repeat when the same
-    message runs again.
-``fencing_max_retries``, ``fencing_retry_countdown``, ``fencing_retry_backoff_factor``,
-``fencing_retry_max_delay``, ``fencing_retry_jitter``
-    Per-task overrides of the settings of the same name.
+Task options (class attributes, or keyword arguments of ``@app.task``): see
+:mod:`celery_fencing.celery.options`, which checks them when a task is defined.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import random
-import re
-import string
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -85,29 +58,14 @@ from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleS
 from ..protocols import FencedResultStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
+from .options import check_task_options
+from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
-from .settings import MODES, FencingSettings, setting
+from .settings import FencingSettings, setting
 
 __all__ = ["FencedTask", "fenced_task"]
 
 logger = logging.getLogger("celery_fencing")
-
-#: The task options FencedTask understands; any other ``fencing_*`` attribute is a typo.
-TASK_OPTIONS = frozenset(
-    {
-        "fencing_resource",
-        "fencing_on_stale",
-        "fencing_gates",
-        "fencing_mode",
-        "fencing_lock_delay",
-        "fencing_once",
-        "fencing_max_retries",
-        "fencing_retry_countdown",
-        "fencing_retry_backoff_factor",
-        "fencing_retry_max_delay",
-        "fencing_retry_jitter",
-    }
-)
 
 #: What FencedTask keeps on ``self.request``; reset at the start of every execution.
 REQUEST_ATTRIBUTES = (
@@ -145,23 +103,7 @@ class FencedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # @app.task(base=FencedTask, fencing_resorce=...) would silently become an
-        # unused attribute: refuse unknown fencing_* names when the task is defined.
-        unknown = sorted(name for name in vars(cls) if name.startswith("fencing_") and name not in TASK_OPTIONS)
-        if unknown:
-            raise FencingConfigurationError(
-                f"task {cls.__name__}: unknown option(s) {', '.join(unknown)}; "
-                f"known options: {', '.join(sorted(TASK_OPTIONS))}"
-            )
-        if cls.fencing_mode is not None and cls.fencing_mode not in MODES:
-            raise FencingConfigurationError(
-                f"task {cls.__name__}: fencing_mode={cls.fencing_mode!r} is not one of {', '.join(MODES)}"
-            )
-        if cls.fencing_on_stale is not None:
-            policy_from_setting(cls.fencing_on_stale, what=f"{cls.__name__}.fencing_on_stale")
-        template = cls.__dict__.get("fencing_resource")
-        if isinstance(template, str):
-            _check_template(cls, template)
+        check_task_options(cls)
 
     # Configuration -------------------------------------------------------------------
 
@@ -436,19 +378,7 @@ class FencedTask(Task):  # type: ignore[misc]
         (failed, retried, died), so this one ends the task as done, with no
         return value, instead of leaving it unfinished.
         """
-        action = "done" if finish else "ignore"
-        request = self.request
-        logger.info(
-            "task %s[%s] already applied on %r by another execution (at %s): not applied again -> %s",
-            self.name,
-            request.id,
-            resource,
-            phase,
-            action,
-        )
-        signals.duplicate_prevented.send(
-            sender=self, task_id=request.id, resource=resource, phase=phase, action=action, error=exc
-        )
+        report_duplicate(self, exc, resource, phase, "done" if finish else "ignore")
         if not finish:
             raise Ignore(str(exc))
 
@@ -495,51 +425,7 @@ class FencedTask(Task):  # type: ignore[misc]
             self._retry_policy(settings) if unavailable else self._stale_policy(settings, resource_is_task_id)
         )
         decision = decide(policy, state)
-        token = getattr(exc, "token", None)
-        high_water = getattr(exc, "high_water", None)
-        if token is None:
-            current: FencingToken | None = request.get("fencing_token")
-            token = current.value if current is not None else None
-        outcome = decision.action + (f" in {decision.countdown:.2f}s" if decision.countdown is not None else "")
-        if isinstance(exc, (TokenUnavailableError, GateUnavailableError)):
-            # Not a newer execution: an outage (grantor or gate store down) is worth a warning.
-            logger.warning(
-                "task %s[%s] %s on %r (%s unavailable: %s) -> %s",
-                self.name,
-                request.id,
-                "got no token" if phase == "mint" else f"could not {phase}",
-                resource,
-                "grantor" if isinstance(exc, TokenUnavailableError) else "storage",
-                exc,
-                outcome,
-            )
-        else:
-            # Each fact once: the token and the mark are in the line, so a stale-token error's
-            # default message (which repeats them) is left out; any other message is kept.
-            said = "" if _says_only_token_and_mark(exc) else f": {exc}"
-            # A retry under contention is normal operation; dropping or failing the work is not.
-            logger.log(
-                logging.INFO if decision.action == "retry" else logging.WARNING,
-                "task %s[%s] fenced out at %s on %r (token %s, high-water mark %s)%s -> %s",
-                self.name,
-                request.id,
-                phase,
-                resource,
-                token,
-                high_water,
-                said,
-                outcome,
-            )
-        signals.fencing_rejected.send(
-            sender=self,
-            task_id=request.id,
-            resource=resource,
-            token=token,
-            high_water=high_water,
-            error=exc,
-            action=decision.action,
-            phase=phase,
-        )
+        report_fenced_out(self, exc, resource, phase, decision)
         raise self._apply(decision, exc)
 
     def _apply(self, decision: Decision, exc: FencingError) -> BaseException:
@@ -592,56 +478,6 @@ def fenced_task(
         return app.task(**options)(fun)
 
     return decorate
-
-
-def _says_only_token_and_mark(exc: FencingError) -> bool:
-    """Whether *exc* is a StaleTokenError whose message is the default one: resource, token and mark."""
-    if type(exc) is not StaleTokenError:
-        return False
-    default = StaleTokenError(resource=exc.resource, token=exc.token, high_water=exc.high_water)
-    return str(exc) == str(default)
-
-
-def _check_template(cls: type, template: str) -> None:
-    """Refuse, when the task is defined, a resource template that names an argument the task does not take.
-
-    Otherwise every message of the task would fail at run time. Fields may
-    reach into an argument (``{order.id}``, ``{items[0]}``); positional fields
-    (``{0}``, ``{}``) are refused, since the template is formatted by name.
-    """
-    run = cls.__dict__.get("run")
-    if run is None:
-        return
-    function = run.__func__ if isinstance(run, staticmethod) else run
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return  # a builtin or a C function: nothing to check against
-    if not isinstance(run, staticmethod) and parameters:
-        parameters = parameters[1:]  # bound tasks (bind=True) and class-defined run() take self first
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return
-    names = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
-    except ValueError as exc:
-        raise FencingConfigurationError(
-            f"task {cls.__name__}: fencing_resource={template!r} is malformed: {exc}"
-        ) from None
-    for field in fields:
-        root = re.split(r"[.\[]", field, maxsplit=1)[0]
-        if not root or root.isdigit():
-            raise FencingConfigurationError(
-                f"task {cls.__name__}: fencing_resource={template!r} has a positional field {{{field}}}; "
-                "name the argument instead"
-            )
-        if root not in names:
-            close = difflib.get_close_matches(root, sorted(names), n=1)
-            hint = f"; did you mean {{{close[0]}}}?" if close else ""
-            raise FencingConfigurationError(
-                f"task {cls.__name__}: fencing_resource={template!r} names {{{root}}}, which the task does not "
-                f"take (it takes: {', '.join(sorted(names)) or 'nothing'}){hint}"
-            )
 
 
 def _own_method(target: Any, name: str) -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from celery_fencing.celery.options import TASK_OPTIONS
 from celery_fencing.celery.settings import SETTINGS
-from celery_fencing.celery.task import TASK_OPTIONS
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
