@@ -83,7 +83,6 @@ from django.db.models import Q, QuerySet
 
 from ..context import AppliedRecord, applied_record, resolve_token
 from ..exceptions import (
-    AlreadyAppliedError,
     FencingConfigurationError,
     GateUnavailableError,
     InvalidArgumentError,
@@ -91,7 +90,14 @@ from ..exceptions import (
 )
 from ..protocols import TokenVerifier
 from ..token import FencingToken, Mark, check_grantor, validate_resource
-from .applied_sql import AppliedStatements, applied_statements, missing_table_message, retention_seconds
+from .applied_sql import (
+    AppliedStatements,
+    already_applied,
+    applied_statements,
+    folded_sql,
+    missing_table_message,
+    retention_seconds,
+)
 from .refusal import raise_why_refused
 
 __all__ = ["SUPPORTED_VENDORS", "DjangoGate", "fenced_update"]
@@ -139,21 +145,33 @@ class _AppliedTable:
             )
         self._exists.add(alias)
 
+    @staticmethod
+    def params(token: FencingToken, record: AppliedRecord) -> list[Any]:
+        """The record's parameters, in the statements' order."""
+        return [token.resource, record.task_id, record.execution_id, token.value, retention_seconds(record.retention)]
+
     def record(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> bool:
         """Write or refresh the record; ``False`` when a live record of another execution refused it."""
-        params = [token.resource, record.task_id, record.execution_id, retention_seconds(record.retention)]
-        cursor.execute(self.statements(alias).record, params)
+        cursor.execute(self.statements(alias).record, self.params(token, record))
         return bool(cursor.rowcount != 0)
+
+    def find_row(self, alias: str, cursor: Any, resource: str, task_id: str) -> tuple[str, int | None] | None:
+        """The execution id and token of the live record, or ``None``."""
+        cursor.execute(self.statements(alias).select, [resource, task_id])
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), None if row[1] is None else int(row[1]))
 
     def find(self, alias: str, cursor: Any, resource: str, task_id: str) -> str | None:
         """The execution id of the live record, or ``None``."""
-        cursor.execute(self.statements(alias).select, [resource, task_id])
-        row = cursor.fetchone()
-        return None if row is None else str(row[0])
+        found = self.find_row(alias, cursor, resource, task_id)
+        return None if found is None else found[0]
 
-    def applied_by_other(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> bool:
-        found = self.find(alias, cursor, token.resource, record.task_id)
-        return found is not None and found != record.execution_id
+    def other(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> tuple[bool, int | None]:
+        """(whether a live record names another execution of the task, its token): the refusal path."""
+        found = self.find_row(alias, cursor, token.resource, record.task_id)
+        if found is None or found[0] == record.execution_id:
+            return False, None
+        return True, found[1]
 
 
 _default_applied: _AppliedTable | None = None
@@ -217,7 +235,11 @@ class DjangoGate:
     same transaction, with SQLGate's SQL. Another execution of T is refused
     with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
     until the row expires, after the execution's retention on the database's
-    clock. Until migration 0003 has made the table, such writes fail closed
+    clock; ``superseded`` when the row's token is above its own (a newer
+    execution applied). On PostgreSQL the mark upsert and the record of
+    :meth:`transaction` and :meth:`guard` are one statement (a data-modifying
+    CTE, see :mod:`celery_fencing.gates.applied_sql`); column mode and SQLite
+    run the record as a statement of its own. Until migration 0003 has made the table, such writes fail closed
     with ``GateUnavailableError`` naming ``manage.py migrate celery_fencing``.
     :meth:`prune_applied` deletes expired rows.
     """
@@ -255,6 +277,8 @@ class DjangoGate:
             )
         self._sql: _Statements | None = None
         self._applied = _default_applied_table() if applied_model is None else _AppliedTable(applied_model)
+        # PostgreSQL: the mark upsert and the record in one statement (built on first use).
+        self._folded: str | None = None
 
     def _statements(self) -> _Statements:
         # Built on first use: quoting needs the connection's operations, not a connection.
@@ -500,24 +524,37 @@ class DjangoGate:
         applied = self._applied
         try:
             with connection.cursor() as cursor:
-                # The upsert first: on SQLite a transaction that read first and then writes
-                # fails at once with "database is locked" when another writer holds the lock
-                # (no busy wait for a lock upgrade); a write first waits its turn.
-                cursor.execute(sql.upsert, self._mark_params(token))
-                accepted = cursor.rowcount != 0
-                if record is not None:
+                if record is not None and self._vendor == "postgresql":
+                    # One statement: the upsert and, when the mark passed, the record. The table
+                    # check first (once), so that a missing table names its migration.
                     applied.check(self.using, cursor)
-                if accepted:
-                    # Under the mark's row lock: no other writer of the resource checks or writes records now.
-                    if record is None or applied.record(self.using, cursor, token, record):
-                        return
-                    row, other = None, True
+                    if self._folded is None:
+                        self._folded = folded_sql(applied.statements(self.using), sql.upsert)
+                    cursor.execute(self._folded, [*self._mark_params(token), *applied.params(token, record)])
+                    marked, recorded = cursor.fetchone()
+                    accepted, written = bool(marked), bool(recorded)
                 else:
+                    # The upsert first: on SQLite a transaction that read first and then writes
+                    # fails at once with "database is locked" when another writer holds the lock
+                    # (no busy wait for a lock upgrade); a write first waits its turn.
+                    cursor.execute(sql.upsert, self._mark_params(token))
+                    accepted = cursor.rowcount != 0
+                    if record is not None:
+                        applied.check(self.using, cursor)
+                    # Under the mark's row lock: no other writer of the resource checks or writes records now.
+                    written = accepted and (record is None or applied.record(self.using, cursor, token, record))
+                if written:
+                    return
+                row = None
+                if not accepted:
                     # The DO UPDATE ... WHERE refused. The row is locked (ON CONFLICT locks
                     # the conflicting row even when WHERE fails): this reads the refusing mark.
                     cursor.execute(sql.select, [token.resource])
                     row = cursor.fetchone()
-                    other = record is not None and applied.applied_by_other(self.using, cursor, token, record)
+                other, applied_token = False, None
+                if record is not None:
+                    other, applied_token = applied.other(self.using, cursor, token, record)
+                    other = other or accepted  # the mark passed, so the record refused
         except DatabaseError as exc:
             _unavailable(exc, "advancing the mark")
         transaction.set_rollback(True, using=self.using)
@@ -525,9 +562,7 @@ class DjangoGate:
         if row is not None:
             check_grantor(token, row[1])  # another grantor's mark is the news, whatever the values
         if record is not None and other:
-            raise AlreadyAppliedError(
-                resource=token.resource, task_id=record.task_id, superseded=row is not None, high_water=high_water
-            )
+            raise already_applied(token.resource, record.task_id, token.value, applied_token, high_water)
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=high_water)
 
     # Column mode --------------------------------------------------------------
@@ -672,8 +707,9 @@ def _fenced_update(
             with connection.cursor() as cursor:
                 if applied.record(alias, cursor, checked, record):
                     return count
+                _, applied_token = applied.other(alias, cursor, checked, record)
             transaction.set_rollback(True, using=alias)
-            raise AlreadyAppliedError(resource=checked.resource, task_id=record.task_id, superseded=False)
+            raise already_applied(checked.resource, record.task_id, checked.value, applied_token)
         # Nothing updated: tell "no such row" from "stale", "another resource's row" and
         # "another grantor's fence". In a block, FOR UPDATE reads the latest committed row
         # rather than a snapshot.
@@ -687,10 +723,11 @@ def _fenced_update(
             if record is None:
                 raise
             with connection.cursor() as cursor:
-                if not applied.applied_by_other(alias, cursor, checked, record):
-                    raise
-            raise AlreadyAppliedError(
-                resource=checked.resource, task_id=record.task_id, superseded=True, high_water=stale.high_water
+                other, applied_token = applied.other(alias, cursor, checked, record)
+            if not other:
+                raise
+            raise already_applied(
+                checked.resource, record.task_id, checked.value, applied_token, stale.high_water
             ) from None
     except _UNAVAILABLE as exc:
         _unavailable(exc, "fenced update")

@@ -89,6 +89,7 @@ from sqlalchemy import (
     bindparam,
     func,
     inspect,
+    literal_column,
     or_,
     select,
     text,
@@ -118,8 +119,11 @@ from ..token import (
 )
 from .applied_sql import (
     DEFAULT_APPLIED_TABLE,
+    EFFECT_CTE,
     EXECUTION_ID_LENGTH,
     MAX_TASK_ID_LENGTH,
+    RECORD_CTE,
+    already_applied,
     applied_statements,
     missing_table_message,
     retention_seconds,
@@ -176,8 +180,9 @@ def applied_table(metadata: MetaData, name: str = DEFAULT_APPLIED_TABLE, *, sche
     """Define the applied-record table (exactly once) in *metadata*, for your migrations.
 
     The layout is :mod:`celery_fencing.gates.applied_sql`'s: ``resource`` and
-    ``task_id`` (binary on MySQL/MariaDB), ``execution``, ``expires_at``
-    (epoch seconds), primary key (resource, task_id). If *metadata* already
+    ``task_id`` (binary on MySQL/MariaDB), ``execution``, ``token`` (the
+    execution's token value), ``expires_at`` (epoch seconds), primary key
+    (resource, task_id). If *metadata* already
     holds a table of that name, it is returned as is.
     """
     return _table(
@@ -187,6 +192,7 @@ def applied_table(metadata: MetaData, name: str = DEFAULT_APPLIED_TABLE, *, sche
         Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
         Column("task_id", _binary_on_mysql(MAX_TASK_ID_LENGTH), primary_key=True),
         Column("execution", String(EXECUTION_ID_LENGTH), nullable=False),
+        Column("token", BigInteger, nullable=False),
         Column("expires_at", BigInteger, nullable=False),
     )
 
@@ -241,8 +247,11 @@ class SQLGate:
     same transaction as the effect. Another execution of T is then refused
     with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
     until the row expires, after the execution's retention on the database's
-    clock. The check runs after the mark upsert, whose row lock serialises
-    the resource's writers. :meth:`prune_applied` deletes expired rows.
+    clock; ``superseded`` when the row's token is above its own (a newer
+    execution applied). The check runs after the mark upsert, whose row lock
+    serialises the resource's writers; on PostgreSQL both are one statement
+    (a data-modifying CTE, see :mod:`celery_fencing.gates.applied_sql`).
+    :meth:`prune_applied` deletes expired rows.
     """
 
     def __init__(
@@ -274,13 +283,29 @@ class SQLGate:
         )
         self._applied_refused_by_insert_id = applied_sql.refused_by_insert_id
         keys = (bindparam("resource", type_=a.c.resource.type), bindparam("task_id", type_=a.c.task_id.type))
-        self._record_applied = (
-            text(applied_sql.record)
-            .bindparams(
-                *keys, bindparam("execution", type_=a.c.execution.type), bindparam("retention", type_=BigInteger)
-            )
-            .execution_options(preserve_rowcount=True)
+        record_params = (
+            *keys,
+            bindparam("execution", type_=a.c.execution.type),
+            bindparam("token", type_=BigInteger),
+            bindparam("retention", type_=BigInteger),
         )
+        self._record_applied = (
+            text(applied_sql.record).bindparams(*record_params).execution_options(preserve_rowcount=True)
+        )
+        # PostgreSQL: the record as a CTE fed by the effect's (see _folded); its parameters
+        # prefixed, like column mode's, so that they cannot meet a parameter of the caller's WHERE.
+        self._record_cte: Any = None
+        if dialect == "postgresql":
+            prefixed = applied_statements(
+                dialect, preparer.format_table(a), quote=preparer.quote, param=lambda name: f":{_PREFIX}{name}"
+            )
+            assert prefixed.record_after is not None
+            self._record_cte = (
+                text(prefixed.record_after)
+                .bindparams(*(bindparam(f"{_PREFIX}{p.key}", type_=p.type) for p in record_params))
+                .columns(literal_column("1"))
+                .cte(RECORD_CTE)
+            )
         self._select_applied = text(applied_sql.select).bindparams(*keys)
         self._prune_applied = text(applied_sql.prune).bindparams(bindparam("limit", type_=BigInteger))
         self._fence_clauses: dict[tuple[Table, str, str | None, str | None], _FenceClauses] = {}
@@ -330,6 +355,10 @@ class SQLGate:
                     or_(t.c.grantor.is_(None), insg.excluded.grantor.is_(None), t.c.grantor == insg.excluded.grantor),
                 ),
             ).execution_options(preserve_rowcount=True)
+        # PostgreSQL, exactly once: the mark upsert and the record in one statement, by grantor column.
+        self._folded_advance: dict[bool, Any] = {}
+        if self._record_cte is not None:
+            self._folded_advance = {True: self._folded(self._upsert), False: self._folded(self._legacy_upsert)}
 
     @property
     def table(self) -> Table:
@@ -614,24 +643,47 @@ class SQLGate:
             )
         self._applied_exists = True
 
+    def _folded(self, effect: Any) -> Any:
+        """PostgreSQL: *effect* (the mark upsert, column mode's UPDATE) and the record in one statement.
+
+        One row: (rows the effect changed, records written). The record's
+        parameters are :meth:`_record_params` of the prefixed names.
+        """
+        source = effect.returning(literal_column("1")).cte(EFFECT_CTE)
+        return select(
+            select(func.count()).select_from(source).scalar_subquery(),
+            select(func.count()).select_from(self._record_cte).scalar_subquery(),
+        )
+
+    @staticmethod
+    def _record_params(token: FencingToken, record: AppliedRecord, prefix: str = "") -> dict[str, Any]:
+        return {
+            f"{prefix}resource": token.resource,
+            f"{prefix}task_id": record.task_id,
+            f"{prefix}execution": record.execution_id,
+            f"{prefix}token": token.value,
+            f"{prefix}retention": retention_seconds(record.retention),
+        }
+
     def _record(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> bool:
         """Write or refresh the record; ``False`` when a live record of another execution refused it."""
-        result = conn.execute(
-            self._record_applied,
-            {
-                "resource": token.resource,
-                "task_id": record.task_id,
-                "execution": record.execution_id,
-                "retention": retention_seconds(record.retention),
-            },
-        )
+        result = conn.execute(self._record_applied, self._record_params(token, record))
         return not result.lastrowid if self._applied_refused_by_insert_id else result.rowcount != 0
 
-    def _applied_by_other(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> bool:
-        """Whether a live record names another execution of the task (the refusal path)."""
+    def _other_record(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> tuple[bool, int | None]:
+        """(whether a live record names another execution of the task, its token): the refusal path."""
         params = {"resource": token.resource, "task_id": record.task_id}
-        found = conn.execute(self._select_applied, params).scalar()
-        return found is not None and found != record.execution_id
+        found = conn.execute(self._select_applied, params).one_or_none()
+        if found is None or found[0] == record.execution_id:
+            return False, None
+        return True, None if found[1] is None else int(found[1])
+
+    def _refused_record(
+        self, conn: Connection, token: FencingToken, record: AppliedRecord, high_water: int | None = None
+    ) -> AlreadyAppliedError:
+        """The error of a record refused after the effect passed (the record that refused is read for its token)."""
+        _, applied_token = self._other_record(conn, token, record)
+        return already_applied(token.resource, record.task_id, token.value, applied_token, high_water)
 
     def _advance(self, conn: Connection, token: FencingToken, record: AppliedRecord | None) -> None:
         params: dict[str, Any] = {"resource": token.resource, "token": token.value}
@@ -642,26 +694,36 @@ class SQLGate:
             if with_grantor:
                 # Only then: Core would add an execution parameter named like a column to the INSERT.
                 params["grantor"] = token.grantor
-            result = conn.execute(self._upsert if with_grantor else self._legacy_upsert, params)
-            # MySQL: LAST_INSERT_ID(token) ran only on refusal, so the insert id is not 0.
-            # Others: the DO UPDATE ... WHERE refused, and the row is locked (ON CONFLICT
-            # locks the conflicting row even when WHERE fails).
-            refused = bool(result.lastrowid) if self._mysql else result.rowcount == 0
+            folded = self._folded_advance.get(with_grantor) if record is not None else None
+            if folded is not None and record is not None:
+                # PostgreSQL: the upsert and the record in one statement; the record only when the mark passed.
+                marked, recorded = conn.execute(folded, {**params, **self._record_params(token, record, _PREFIX)}).one()
+                if marked and recorded:
+                    return
+                if marked:
+                    raise self._refused_record(conn, token, record)
+                refused = True
+            else:
+                result = conn.execute(self._upsert if with_grantor else self._legacy_upsert, params)
+                # MySQL: LAST_INSERT_ID(token) ran only on refusal, so the insert id is not 0.
+                # Others: the DO UPDATE ... WHERE refused, and the row is locked (ON CONFLICT
+                # locks the conflicting row even when WHERE fails).
+                refused = bool(result.lastrowid) if self._mysql else result.rowcount == 0
             if not refused:
                 # Under the mark's row lock: no other writer of the resource checks or writes records now.
                 if record is None or self._record(conn, token, record):
                     return
-                raise AlreadyAppliedError(resource=token.resource, task_id=record.task_id, superseded=False)
+                raise self._refused_record(conn, token, record)
             # Read the mark (and grantor) that refused us, under the row lock.
             if with_grantor:
                 mark, grantor = conn.execute(self._select_mark_grantor, params).one()
             else:
                 mark, grantor = conn.execute(self._select_mark, params).scalar_one(), None
             check_grantor(token, grantor)
-            if record is not None and self._applied_by_other(conn, token, record):
-                raise AlreadyAppliedError(
-                    resource=token.resource, task_id=record.task_id, superseded=True, high_water=mark
-                )
+            if record is not None:
+                other, applied_token = self._other_record(conn, token, record)
+                if other:
+                    raise already_applied(token.resource, record.task_id, token.value, applied_token, mark)
         except sa_exc.SQLAlchemyError as exc:
             _unavailable(exc, "advancing the mark")
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=mark)
@@ -753,11 +815,21 @@ class SQLGate:
         stmt = update(table).where(where, condition).values(assignments)
         fence, owner = clauses.fence, clauses.owner
         try:
-            count = connection.execute(stmt, params).rowcount
-            if count:
-                if record is None or self._record(connection, checked, record):
-                    return count
-                raise AlreadyAppliedError(resource=checked.resource, task_id=record.task_id, superseded=False)
+            if record is not None and self._record_cte is not None:
+                # PostgreSQL: the UPDATE and the record in one statement; the record only when rows changed.
+                folded = self._folded(stmt)
+                folded_params = {**params, **self._record_params(checked, record, _PREFIX)}
+                count, recorded = connection.execute(folded, folded_params).one()
+                if count and recorded:
+                    return int(count)
+                if count:
+                    raise self._refused_record(connection, checked, record)
+            else:
+                count = connection.execute(stmt, params).rowcount
+                if count:
+                    if record is None or self._record(connection, checked, record):
+                        return count
+                    raise self._refused_record(connection, checked, record)
             # Nothing updated: tell "no such row" from "stale", "another
             # resource's row" and "another grantor's fence". FOR UPDATE reads the
             # latest committed row, not a REPEATABLE READ snapshot.
@@ -766,11 +838,14 @@ class SQLGate:
             try:
                 raise_why_refused(checked, rows, check_owner=owner is not None, check_grantors=grantor is not None)
             except StaleTokenError as stale:
-                if record is not None and self._applied_by_other(connection, checked, record):
-                    raise AlreadyAppliedError(
-                        resource=checked.resource, task_id=record.task_id, superseded=True, high_water=stale.high_water
-                    ) from None
-                raise
+                if record is None:
+                    raise
+                other, applied_token = self._other_record(connection, checked, record)
+                if not other:
+                    raise
+                raise already_applied(
+                    checked.resource, record.task_id, checked.value, applied_token, stale.high_water
+                ) from None
         except sa_exc.SQLAlchemyError as exc:
             if isinstance(exc, _UNAVAILABLE) or getattr(exc, "connection_invalidated", False):
                 _unavailable(exc, "fenced update")
@@ -783,9 +858,10 @@ class SQLGate:
 
 # Names of the parameters column mode binds at execution. Long and prefixed so
 # they cannot meet a parameter of the caller's WHERE.
-_TOKEN_PARAM = "celery_fencing_token"
-_RESOURCE_PARAM = "celery_fencing_resource"
-_GRANTOR_PARAM = "celery_fencing_grantor"
+_PREFIX = "celery_fencing_"
+_TOKEN_PARAM = f"{_PREFIX}token"
+_RESOURCE_PARAM = f"{_PREFIX}resource"
+_GRANTOR_PARAM = f"{_PREFIX}grantor"
 
 
 class _FenceClauses:

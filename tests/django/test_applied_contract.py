@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from celery_fencing import AlreadyAppliedError, FencingToken, SQLGate
 from celery_fencing.context import Execution, token_context
@@ -21,6 +22,7 @@ from tests.gates.test_applied_contract import (
     test_a_stale_copy_of_an_unapplied_task_is_stale_not_applied,
     test_different_task_ids_each_apply,
     test_explicit_token_outside_its_execution_records_nothing,
+    test_on_a_shared_resource_the_newest_copy_is_not_superseded_by_another_task,
     test_one_execution_may_write_many_times,
     test_records_expire,
     test_same_task_id_twice_applies_once,
@@ -37,6 +39,7 @@ __all__ = [
     "test_concurrent_executions_in_processes_apply_once",
     "test_different_task_ids_each_apply",
     "test_explicit_token_outside_its_execution_records_nothing",
+    "test_on_a_shared_resource_the_newest_copy_is_not_superseded_by_another_task",
     "test_one_execution_may_write_many_times",
     "test_records_expire",
     "test_same_task_id_twice_applies_once",
@@ -88,10 +91,10 @@ def test_column_mode_records_in_the_block(adapter: DjangoAdapter) -> None:
         assert fenced_update(rows, token, resource_field="resource", value=2) == 1
     with executing(6) as token, pytest.raises(AlreadyAppliedError) as refused, transaction.atomic(using=adapter.alias):
         adapter.gate.fenced_update(rows, token, resource_field="resource", value=3)
-    assert refused.value.superseded is False
+    assert refused.value.superseded is False and refused.value.applied_token == 5
     with executing(4) as token, pytest.raises(AlreadyAppliedError) as sup, transaction.atomic(using=adapter.alias):
         fenced_update(rows, token, resource_field="resource", value=4)
-    assert sup.value.superseded is True and sup.value.high_water == 5
+    assert sup.value.superseded is True and sup.value.applied_token == 5 and sup.value.high_water == 5
     assert list(rows.values_list("value", "fence")) == [(2, 5)]
     # In autocommit the UPDATE and its record commit together in a block of their own.
     with executing(7, "other") as token:
@@ -99,6 +102,23 @@ def test_column_mode_records_in_the_block(adapter: DjangoAdapter) -> None:
     with executing(8, "other") as token, pytest.raises(AlreadyAppliedError):
         fenced_update(rows, token, resource_field="resource", value=6)
     assert list(rows.values_list("value", "fence")) == [(5, 7)]
+
+
+def test_the_record_rides_on_the_mark_upsert_on_postgresql(adapter: DjangoAdapter) -> None:
+    """PostgreSQL: transaction mode's mark upsert and record are one statement; SQLite runs two. A refused
+    record (an older execution of the task applied) leaves the mark as it was and names the recorded token."""
+    queries = CaptureQueriesContext(connections[adapter.alias])
+    with executing(5) as token, queries, adapter.gate.transaction(token):
+        pass
+    writes = [q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
+    if connections[adapter.alias].vendor == "postgresql":
+        assert len(writes) == 1 and writes[0].startswith("WITH celery_fencing_effect AS (INSERT")
+    else:
+        assert len(writes) == 2
+    with executing(7) as token, pytest.raises(AlreadyAppliedError) as refused, adapter.gate.transaction(token):
+        pass
+    assert refused.value.superseded is False and refused.value.applied_token == 5
+    assert adapter.gate.high_water(RESOURCE) == 5
 
 
 def migration_child(scenario: str, alias: str, environ: dict[str, str], queue: Any) -> None:

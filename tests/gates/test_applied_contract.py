@@ -25,13 +25,6 @@ from .adapters import AdapterSpec, GateAdapter, open_adapter
 RESOURCE = "acct:{7}"
 
 
-def _sql_records_no_token_yet(adapter: GateAdapter, request: pytest.FixtureRequest) -> None:
-    # The SQL applied tables record no token yet, so they still judge "superseded" by the mark:
-    # strict, so that the marker goes as soon as they do (the follow-up adds the column).
-    if adapter.spec.kind in ("sql", "django"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="the SQL applied table records no token yet"))
-
-
 @contextmanager
 def executing(
     value: int, task_id: str = "task-1", *, once: bool = True, retention: float = 60.0
@@ -56,9 +49,8 @@ def test_same_task_id_twice_applies_once(adapter: GateAdapter) -> None:
     assert adapter.log("log") == [1]
 
 
-def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter, request: pytest.FixtureRequest) -> None:
+def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter) -> None:
     """The quickstart timeline: the older copy resumes after the newer one applied; it is refused, not retried."""
-    _sql_records_no_token_yet(adapter, request)
     with executing(1) as older:
         adapter.claim(older)
     with executing(2) as newer:
@@ -70,15 +62,12 @@ def test_the_paused_copy_is_refused_as_superseded(adapter: GateAdapter, request:
     assert adapter.log("log") == [2]
 
 
-def test_on_a_shared_resource_the_newest_copy_is_not_superseded_by_another_task(
-    adapter: GateAdapter, request: pytest.FixtureRequest
-) -> None:
+def test_on_a_shared_resource_the_newest_copy_is_not_superseded_by_another_task(adapter: GateAdapter) -> None:
     """Task A applied, then task B raised the mark; A's newer copy is refused as applied but not superseded.
 
     "Superseded" means a newer execution of the same task applied: the
     resource's mark, which another task may hold, does not say that.
     """
-    _sql_records_no_token_yet(adapter, request)
     with executing(1, "task-a") as first:
         adapter.append(first, "log", 1)
     with executing(3, "task-b") as other_task:

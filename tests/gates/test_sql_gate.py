@@ -451,12 +451,72 @@ def test_column_mode_records_and_refuses_a_second_execution(
     assert gate.applied("acct:1", "task-1") == first.execution_id
     with token_context(_once(6)), pytest.raises(AlreadyAppliedError) as refused, engine.begin() as conn:
         gate.fenced_update(conn, accounts, None, where=where, values={"balance": 999})
-    assert refused.value.superseded is False
+    assert refused.value.superseded is False and refused.value.applied_token == 5
     assert _balance(engine, accounts) == (111, 5)
-    # The older copy is below the row's fence and its task applied: superseded, not stale.
+    # The older copy is below the row's fence and a newer execution of its task applied: superseded, not stale.
     with token_context(_once(4)), pytest.raises(AlreadyAppliedError) as superseded, engine.begin() as conn:
         gate.fenced_update(conn, accounts, None, where=where, values={"balance": 999})
-    assert superseded.value.superseded is True and superseded.value.high_water == 5
+    assert superseded.value.superseded is True and superseded.value.applied_token == 5
+    assert superseded.value.high_water == 5
+
+
+def _statements_of(engine: sa.Engine) -> tuple[list[str], Any]:
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()).upper())
+
+    return statements, seen
+
+
+def test_the_record_rides_on_the_effects_statement_on_postgresql(
+    gate: SQLGate, engine: sa.Engine, accounts: sa.Table
+) -> None:
+    """PostgreSQL: the mark upsert and the record are one statement (a data-modifying CTE), and so are
+    column mode's UPDATE and the record; SQLite and MySQL/MariaDB run the record as a second statement."""
+    statements, seen = _statements_of(engine)
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with token_context(_once(5, "task-t")), gate.transaction():
+            pass
+        gated = [s for s in statements if "INSERT" in s]
+        statements.clear()
+        with token_context(_once(6, "task-c")), engine.begin() as conn:
+            gate.fenced_update(conn, accounts, None, where=accounts.c.id == 1, values={"balance": 110})
+        column = [s for s in statements if "UPDATE" in s or "INSERT" in s]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    if engine.dialect.name == "postgresql":
+        assert len(gated) == 1 and gated[0].startswith("WITH CELERY_FENCING_EFFECT AS (INSERT")
+        assert len(column) == 1 and column[0].startswith("WITH CELERY_FENCING_EFFECT AS (UPDATE")
+    else:
+        assert len(gated) == 2 and len(column) == 2
+    assert gate.applied("acct:1", "task-t") is not None and gate.applied("acct:1", "task-c") is not None
+    assert _balance(engine, accounts) == (110, 6)
+
+
+def test_a_refused_record_leaves_mark_data_and_record_unchanged(
+    gate: SQLGate, engine: sa.Engine, accounts: sa.Table
+) -> None:
+    """The mark passes but the record refuses (an older execution of the task applied): nothing of it commits,
+    and the error names the recorded token; in column mode a caller's parameter named like the record's is fine."""
+    first = _once(5)
+    with token_context(first), gate.transaction() as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=1))
+    with token_context(_once(7)), pytest.raises(AlreadyAppliedError) as refused, gate.transaction() as conn:
+        conn.execute(sa.update(accounts).where(accounts.c.id == 1).values(balance=2))
+    assert refused.value.superseded is False and refused.value.applied_token == 5
+    assert gate.high_water("acct:1") == 5 and gate.applied("acct:1", "task-1") == first.execution_id
+    assert _balance(engine, accounts) == (1, None)
+    # Column mode, the caller's WHERE binding parameters named like the record's.
+    where = sa.and_(accounts.c.id == sa.bindparam("resource", 2), accounts.c.balance > sa.bindparam("token", 0))
+    with token_context(_once(3, resource="acct:2")), engine.begin() as conn:
+        assert gate.fenced_update(conn, accounts, None, where=where, values={"balance": 60}) == 1
+    again_once = token_context(_once(4, resource="acct:2"))
+    with again_once, pytest.raises(AlreadyAppliedError) as again, engine.begin() as conn:
+        gate.fenced_update(conn, accounts, None, where=where, values={"balance": 70})
+    assert again.value.superseded is False and again.value.applied_token == 3
+    assert _balance(engine, accounts, row=2) == (60, 3)
 
 
 def test_column_mode_with_exactly_once_refuses_autocommit(gate: SQLGate, engine: sa.Engine, accounts: sa.Table) -> None:
@@ -503,3 +563,4 @@ def test_applied_table_layout_and_metadata() -> None:
     ddl = str(sa.schema.CreateTable(table).compile(dialect=sa.dialects.mysql.dialect()))
     assert "resource VARBINARY(800) NOT NULL" in ddl and "task_id VARBINARY(800) NOT NULL" in ddl
     assert "execution VARCHAR(64) NOT NULL" in ddl and "expires_at BIGINT NOT NULL" in ddl
+    assert "token BIGINT NOT NULL" in ddl

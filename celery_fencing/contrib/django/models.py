@@ -57,6 +57,9 @@ class HighWaterMark(models.Model):  # type: ignore[misc]
 class AppliedRecord(models.Model):  # type: ignore[misc]
     """Exactly once: task ``task_id`` applied on ``resource`` by ``execution``, until ``expires_at`` (epoch seconds).
 
+    ``token`` is the execution's token value: above the token of an execution
+    that meets the record, it was a newer execution (``superseded``).
+
     Written only by :class:`~celery_fencing.gates.django.DjangoGate` (and
     SQLGate) in the transaction of the effect. The table is made by
     migration 0003 with SQL shared with SQLGate (primary key (resource,
@@ -68,6 +71,7 @@ class AppliedRecord(models.Model):  # type: ignore[misc]
     resource = models.CharField(max_length=MAX_RESOURCE_LENGTH, primary_key=not _COMPOSITE_PK)
     task_id = models.CharField(max_length=MAX_TASK_ID_LENGTH)
     execution = models.CharField(max_length=EXECUTION_ID_LENGTH)
+    token = models.BigIntegerField()
     expires_at = models.BigIntegerField()
 
     class Meta:

@@ -47,6 +47,7 @@ class Migration(migrations.Migration):  # type: ignore[misc]
                 ("resource", models.CharField(max_length=200, primary_key=not _COMPOSITE_PK, serialize=False)),
                 ("task_id", models.CharField(max_length=200)),
                 ("execution", models.CharField(max_length=64)),
+                ("token", models.BigIntegerField()),
                 ("expires_at", models.BigIntegerField()),
             ],
             options={
