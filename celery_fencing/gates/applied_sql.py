@@ -46,9 +46,10 @@ A gate runs ``record`` after its mark upsert (or, in column mode, after its
 resource (of the row), so the check and the write of the record cannot
 interleave with another execution's.
 
-On PostgreSQL the record needs no round trip of its own: ``record_after``
-is the same upsert as an ``INSERT ... SELECT`` fed by a data-modifying CTE,
-and :func:`folded_sql` joins the two into one statement::
+On PostgreSQL the record of transaction mode (``transaction()``,
+``guard()``) needs no round trip of its own: ``record_after`` is the same
+upsert as an ``INSERT ... SELECT`` fed by a data-modifying CTE, and
+:func:`folded_sql` joins the two into one statement::
 
     WITH celery_fencing_effect AS (<mark upsert or UPDATE> RETURNING 1),
          celery_fencing_record AS (INSERT INTO fencing_applied (...)
@@ -65,6 +66,13 @@ refused record (counts 1, 0) leaves the effect in the transaction, which the
 gate's refusal rolls back, as with two statements. SQLite (no
 data-modifying CTE, no ``RETURNING`` in a subquery) and MySQL/MariaDB
 (neither) have no sound one-statement form, and run two statements.
+
+Column mode (``fenced_update``) runs two statements everywhere, PostgreSQL
+included. The fold works there too (the form above with the caller's
+``UPDATE``), but the ``UPDATE`` is the caller's, built on each call, so
+SQLAlchemy would build the CTE around it and make its cache key on each
+call: measured, that cost more (about 130 us) than the round trip saved
+(about 50 us on a local server).
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ __all__ = [
     "DEFAULT_APPLIED_TABLE",
     "EFFECT_CTE",
     "EXECUTION_ID_LENGTH",
+    "FOLDED_COUNTS",
     "MAX_TASK_ID_LENGTH",
     "RECORD_CTE",
     "AppliedStatements",
@@ -100,6 +109,8 @@ APPLIED_COLUMNS = ("resource", "task_id", "execution", "token", "expires_at")
 #: Names of the folded statement's CTEs (PostgreSQL): the effect, then the record.
 EFFECT_CTE = "celery_fencing_effect"
 RECORD_CTE = "celery_fencing_record"
+#: The folded statement's result columns: rows the effect changed, records written.
+FOLDED_COUNTS = tuple(f"(SELECT count(*) FROM {cte})" for cte in (EFFECT_CTE, RECORD_CTE))
 
 _MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 
@@ -219,7 +230,7 @@ def folded_sql(statements: AppliedStatements, effect: str) -> str:
         raise FencingConfigurationError("the record folds into the effect's statement on PostgreSQL only")
     return (
         f"WITH {EFFECT_CTE} AS ({effect} RETURNING 1), {RECORD_CTE} AS ({statements.record_after}) "
-        f"SELECT (SELECT count(*) FROM {EFFECT_CTE}), (SELECT count(*) FROM {RECORD_CTE})"
+        f"SELECT {', '.join(FOLDED_COUNTS)}"
     )
 
 

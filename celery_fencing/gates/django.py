@@ -231,16 +231,18 @@ class DjangoGate:
     Exactly once: inside a fenced execution with ``once`` on, every effect of
     the execution's own token (:meth:`transaction`, :meth:`guard`,
     :meth:`fenced_update`; not :meth:`claim`) also writes the row "task id T
-    applied on resource R by execution E" of the applied-record table, in the
-    same transaction, with SQLGate's SQL. Another execution of T is refused
-    with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
-    until the row expires, after the execution's retention on the database's
-    clock; ``superseded`` when the row's token is above its own (a newer
-    execution applied). On PostgreSQL the mark upsert and the record of
+    applied on resource R by execution E, holding token t" of the
+    applied-record table, in the same transaction, with SQLGate's SQL.
+    Another execution of T is refused with
+    :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits) until
+    the row expires, after the execution's retention on the database's clock;
+    ``superseded`` when the row's token is above its own (a newer execution
+    applied). On PostgreSQL the mark upsert and the record of
     :meth:`transaction` and :meth:`guard` are one statement (a data-modifying
-    CTE, see :mod:`celery_fencing.gates.applied_sql`); column mode and SQLite
-    run the record as a statement of its own. Until migration 0003 has made the table, such writes fail closed
-    with ``GateUnavailableError`` naming ``manage.py migrate celery_fencing``.
+    CTE, see :mod:`celery_fencing.gates.applied_sql`); column mode, and SQLite,
+    run the record as a statement of its own. Until migration 0003 has made
+    the table, such writes fail closed with ``GateUnavailableError`` naming
+    ``manage.py migrate celery_fencing``.
     :meth:`prune_applied` deletes expired rows.
     """
 
@@ -633,7 +635,8 @@ def fenced_update(
     :raises StaleTokenError: a matching row's fence is above the token
         (``high_water`` is that fence; nothing changed).
     :raises AlreadyAppliedError: another execution of this task id applied on
-        the resource (``superseded`` when a row's fence is also above the token).
+        the resource (``superseded`` when its recorded token, ``applied_token``,
+        is above this one; ``high_water`` is the row's fence when the UPDATE was refused).
     :raises ResourceMismatchError: a matching row belongs to another resource.
     :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
     :raises InvalidTokenError: bad token, before any I/O.

@@ -121,6 +121,7 @@ from .applied_sql import (
     DEFAULT_APPLIED_TABLE,
     EFFECT_CTE,
     EXECUTION_ID_LENGTH,
+    FOLDED_COUNTS,
     MAX_TASK_ID_LENGTH,
     RECORD_CTE,
     already_applied,
@@ -243,14 +244,15 @@ class SQLGate:
     Exactly once: inside a fenced execution with ``once`` on, every effect of
     the execution's own token (:meth:`transaction`, :meth:`guard`,
     :meth:`fenced_update`; not :meth:`claim`) also writes the row "task id T
-    applied on resource R by execution E" of the applied-record table, in the
-    same transaction as the effect. Another execution of T is then refused
-    with :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits)
-    until the row expires, after the execution's retention on the database's
-    clock; ``superseded`` when the row's token is above its own (a newer
-    execution applied). The check runs after the mark upsert, whose row lock
-    serialises the resource's writers; on PostgreSQL both are one statement
-    (a data-modifying CTE, see :mod:`celery_fencing.gates.applied_sql`).
+    applied on resource R by execution E, holding token t" of the
+    applied-record table, in the same transaction as the effect. Another
+    execution of T is then refused with
+    :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits) until
+    the row expires, after the execution's retention on the database's clock;
+    ``superseded`` when the row's token is above its own (a newer execution
+    applied). The check runs after the mark upsert, whose row lock serialises
+    the resource's writers; on PostgreSQL, in transaction mode, both are one
+    statement (a data-modifying CTE, see :mod:`celery_fencing.gates.applied_sql`).
     :meth:`prune_applied` deletes expired rows.
     """
 
@@ -292,8 +294,8 @@ class SQLGate:
         self._record_applied = (
             text(applied_sql.record).bindparams(*record_params).execution_options(preserve_rowcount=True)
         )
-        # PostgreSQL: the record as a CTE fed by the effect's (see _folded); its parameters
-        # prefixed, like column mode's, so that they cannot meet a parameter of the caller's WHERE.
+        # PostgreSQL: the record as a CTE fed by the mark upsert's (see _folded); its parameters
+        # prefixed, like column mode's, so that they can never meet another statement's.
         self._record_cte: Any = None
         if dialect == "postgresql":
             prefixed = applied_statements(
@@ -303,7 +305,7 @@ class SQLGate:
             self._record_cte = (
                 text(prefixed.record_after)
                 .bindparams(*(bindparam(f"{_PREFIX}{p.key}", type_=p.type) for p in record_params))
-                .columns(literal_column("1"))
+                .columns(_ONE)
                 .cte(RECORD_CTE)
             )
         self._select_applied = text(applied_sql.select).bindparams(*keys)
@@ -644,16 +646,12 @@ class SQLGate:
         self._applied_exists = True
 
     def _folded(self, effect: Any) -> Any:
-        """PostgreSQL: *effect* (the mark upsert, column mode's UPDATE) and the record in one statement.
+        """PostgreSQL: *effect* (a mark upsert) and the record in one statement (``applied_sql.folded_sql``'s form).
 
         One row: (rows the effect changed, records written). The record's
         parameters are :meth:`_record_params` of the prefixed names.
         """
-        source = effect.returning(literal_column("1")).cte(EFFECT_CTE)
-        return select(
-            select(func.count()).select_from(source).scalar_subquery(),
-            select(func.count()).select_from(self._record_cte).scalar_subquery(),
-        )
+        return select(*_FOLDED_COUNTS).add_cte(effect.returning(_ONE).cte(EFFECT_CTE), self._record_cte)
 
     @staticmethod
     def _record_params(token: FencingToken, record: AppliedRecord, prefix: str = "") -> dict[str, Any]:
@@ -697,7 +695,8 @@ class SQLGate:
             folded = self._folded_advance.get(with_grantor) if record is not None else None
             if folded is not None and record is not None:
                 # PostgreSQL: the upsert and the record in one statement; the record only when the mark passed.
-                marked, recorded = conn.execute(folded, {**params, **self._record_params(token, record, _PREFIX)}).one()
+                folded_params = {**params, **self._record_params(token, record, _PREFIX)}
+                marked, recorded = conn.execute(folded, folded_params).one()
                 if marked and recorded:
                     return
                 if marked:
@@ -777,8 +776,9 @@ class SQLGate:
         :raises StaleTokenError: a matching row's fence is above the token
             (``high_water`` is that fence; nothing changed).
         :raises AlreadyAppliedError: another execution of this task id applied
-            on the resource (``superseded`` when a row's fence is also above
-            the token; otherwise roll the transaction back).
+            on the resource (``superseded`` when its recorded token,
+            ``applied_token``, is above this one; ``high_water`` is the row's
+            fence when the UPDATE was refused; roll the transaction back).
         :raises ResourceMismatchError: a matching row belongs to another resource.
         :raises GrantorMismatchError: a matching row's fence belongs to another grantor.
         :raises InvalidTokenError: bad token (or one the verifier refuses), before any I/O.
@@ -815,21 +815,14 @@ class SQLGate:
         stmt = update(table).where(where, condition).values(assignments)
         fence, owner = clauses.fence, clauses.owner
         try:
-            if record is not None and self._record_cte is not None:
-                # PostgreSQL: the UPDATE and the record in one statement; the record only when rows changed.
-                folded = self._folded(stmt)
-                folded_params = {**params, **self._record_params(checked, record, _PREFIX)}
-                count, recorded = connection.execute(folded, folded_params).one()
-                if count and recorded:
-                    return int(count)
-                if count:
-                    raise self._refused_record(connection, checked, record)
-            else:
-                count = connection.execute(stmt, params).rowcount
-                if count:
-                    if record is None or self._record(connection, checked, record):
-                        return count
-                    raise self._refused_record(connection, checked, record)
+            # Two statements on every database: folding the record into the UPDATE (as transaction
+            # mode does on PostgreSQL) would mean building the CTE around the caller's UPDATE on each
+            # call, and its construction and cache key cost more than the round trip it saves.
+            count = connection.execute(stmt, params).rowcount
+            if count:
+                if record is None or self._record(connection, checked, record):
+                    return count
+                raise self._refused_record(connection, checked, record)
             # Nothing updated: tell "no such row" from "stale", "another
             # resource's row" and "another grantor's fence". FOR UPDATE reads the
             # latest committed row, not a REPEATABLE READ snapshot.
@@ -859,6 +852,8 @@ class SQLGate:
 # Names of the parameters column mode binds at execution. Long and prefixed so
 # they cannot meet a parameter of the caller's WHERE.
 _PREFIX = "celery_fencing_"
+_ONE: ColumnElement[Any] = literal_column("1")
+_FOLDED_COUNTS: tuple[ColumnElement[Any], ...] = tuple(literal_column(count) for count in FOLDED_COUNTS)
 _TOKEN_PARAM = f"{_PREFIX}token"
 _RESOURCE_PARAM = f"{_PREFIX}resource"
 _GRANTOR_PARAM = f"{_PREFIX}grantor"
