@@ -94,7 +94,6 @@ from .applied_sql import (
     AppliedStatements,
     already_applied,
     applied_statements,
-    folded_sql,
     missing_table_message,
     retention_seconds,
 )
@@ -237,10 +236,9 @@ class DjangoGate:
     :class:`~celery_fencing.AlreadyAppliedError` (nothing of it commits) until
     the row expires, after the execution's retention on the database's clock;
     ``superseded`` when the row's token is above its own (a newer execution
-    applied). On PostgreSQL the mark upsert and the record of
-    :meth:`transaction` and :meth:`guard` are one statement (a data-modifying
-    CTE, see :mod:`celery_fencing.gates.applied_sql`); column mode, and SQLite,
-    run the record as a statement of its own. Until migration 0003 has made
+    applied). The record is a statement of its own, after the mark upsert (or
+    column mode's ``UPDATE``), on PostgreSQL too (see
+    :mod:`celery_fencing.gates.applied_sql` for why). Until migration 0003 has made
     the table, such writes fail closed with ``GateUnavailableError`` naming
     ``manage.py migrate celery_fencing``.
     :meth:`prune_applied` deletes expired rows.
@@ -279,8 +277,6 @@ class DjangoGate:
             )
         self._sql: _Statements | None = None
         self._applied = _default_applied_table() if applied_model is None else _AppliedTable(applied_model)
-        # PostgreSQL: the mark upsert and the record in one statement (built on first use).
-        self._folded: str | None = None
 
     def _statements(self) -> _Statements:
         # Built on first use: quoting needs the connection's operations, not a connection.
@@ -526,25 +522,18 @@ class DjangoGate:
         applied = self._applied
         try:
             with connection.cursor() as cursor:
-                if record is not None and self._vendor == "postgresql":
-                    # One statement: the upsert and, when the mark passed, the record. The table
-                    # check first (once), so that a missing table names its migration.
+                # Two statements on PostgreSQL too: SQLGate folds the record into the upsert there,
+                # but Django binds parameters client-side, so PostgreSQL would plan the larger
+                # statement on every call, which costs more than the round trip it saves.
+                # The upsert first: on SQLite a transaction that read first and then writes
+                # fails at once with "database is locked" when another writer holds the lock
+                # (no busy wait for a lock upgrade); a write first waits its turn.
+                cursor.execute(sql.upsert, self._mark_params(token))
+                accepted = cursor.rowcount != 0
+                if record is not None:
                     applied.check(self.using, cursor)
-                    if self._folded is None:
-                        self._folded = folded_sql(applied.statements(self.using), sql.upsert)
-                    cursor.execute(self._folded, [*self._mark_params(token), *applied.params(token, record)])
-                    marked, recorded = cursor.fetchone()
-                    accepted, written = bool(marked), bool(recorded)
-                else:
-                    # The upsert first: on SQLite a transaction that read first and then writes
-                    # fails at once with "database is locked" when another writer holds the lock
-                    # (no busy wait for a lock upgrade); a write first waits its turn.
-                    cursor.execute(sql.upsert, self._mark_params(token))
-                    accepted = cursor.rowcount != 0
-                    if record is not None:
-                        applied.check(self.using, cursor)
-                    # Under the mark's row lock: no other writer of the resource checks or writes records now.
-                    written = accepted and (record is None or applied.record(self.using, cursor, token, record))
+                # Under the mark's row lock: no other writer of the resource checks or writes records now.
+                written = accepted and (record is None or applied.record(self.using, cursor, token, record))
                 if written:
                     return
                 row = None

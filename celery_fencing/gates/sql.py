@@ -251,8 +251,9 @@ class SQLGate:
     the row expires, after the execution's retention on the database's clock;
     ``superseded`` when the row's token is above its own (a newer execution
     applied). The check runs after the mark upsert, whose row lock serialises
-    the resource's writers; on PostgreSQL, in transaction mode, both are one
-    statement (a data-modifying CTE, see :mod:`celery_fencing.gates.applied_sql`).
+    the resource's writers; on PostgreSQL with psycopg, in transaction mode,
+    both are one statement (a data-modifying CTE, see
+    :mod:`celery_fencing.gates.applied_sql`).
     :meth:`prune_applied` deletes expired rows.
     """
 
@@ -295,9 +296,11 @@ class SQLGate:
             text(applied_sql.record).bindparams(*record_params).execution_options(preserve_rowcount=True)
         )
         # PostgreSQL: the record as a CTE fed by the mark upsert's (see _folded); its parameters
-        # prefixed, like column mode's, so that they can never meet another statement's.
+        # prefixed, like column mode's, so that they can never meet another statement's. Only
+        # with psycopg (3), which prepares a statement run five times: planned on every call
+        # (psycopg2, pg8000), the folded statement costs more than the round trip it saves.
         self._record_cte: Any = None
-        if dialect == "postgresql":
+        if dialect == "postgresql" and engine.dialect.driver == "psycopg":
             prefixed = applied_statements(
                 dialect, preparer.format_table(a), quote=preparer.quote, param=lambda name: f":{_PREFIX}{name}"
             )
@@ -646,7 +649,7 @@ class SQLGate:
         self._applied_exists = True
 
     def _folded(self, effect: Any) -> Any:
-        """PostgreSQL: *effect* (a mark upsert) and the record in one statement (``applied_sql.folded_sql``'s form).
+        """PostgreSQL: *effect* (a mark upsert) and the record in one statement (the form in ``applied_sql``).
 
         One row: (rows the effect changed, records written). The record's
         parameters are :meth:`_record_params` of the prefixed names.
