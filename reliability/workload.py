@@ -26,8 +26,7 @@ its own. The two stores have no common transaction, so the body resumes
 store by store (:func:`_once`): it logs ``pg-dup`` or ``redis-dup`` and goes
 on to the next store, which has its own record, so going on never applies
 twice; the body returns and the seal (per task id) decides whose result
-stands. A ``superseded`` error is not re-raised: it speaks of the account's
-mark, which the account's other tasks raise too (see :func:`_once`). The
+stands. A ``superseded`` error is not re-raised either (see :func:`_once`). The
 audit table has no unique constraint on purpose, so a duplicate effect stays
 visible to the checker instead of becoming an error.
 
@@ -298,12 +297,10 @@ def _once(exc: AlreadyAppliedError, event: str, ids: dict[str, Any]) -> None:
     then the retry resumes the same way). The body then returns and the seal,
     per task id, decides whose result stands.
 
-    This holds whether or not the error is ``superseded``, and the body does
-    not re-raise a superseded one: ``superseded`` says the *resource's* mark
-    is above this execution's token, and here an account is shared by many
-    tasks, so the newer holder is usually another task, which does not finish
-    this one. Re-raising it would end the task (``Ignore``) with its Redis
-    half undone whenever its first execution died between the two stores.
+    This holds whether or not the error is ``superseded`` (a newer execution
+    of this task applied here, judged by the token in the record): that one
+    finishes the task, and going on meets its record at the next store or
+    writes there first, which it then meets. Each store applies once either way.
     """
     history.emit(event, superseded=exc.superseded, high_water=exc.high_water, **ids)
 
