@@ -52,7 +52,7 @@ class AppliedRecord:
     @property
     def retention_ms(self) -> int:
         """The retention in whole milliseconds (at least 1), as Redis' ``PX`` takes it."""
-        return max(1, round(self.retention * 1000))
+        return _milliseconds(self.retention)
 
 
 @dataclass
@@ -121,7 +121,12 @@ def fence_state_ttl_ms(token: FencingToken) -> int:
     execution = _current.get()
     if execution is None or execution.transient_retention is None or execution.token != token:
         return 0
-    return max(1, round(execution.transient_retention * 1000))
+    return _milliseconds(execution.transient_retention)
+
+
+def _milliseconds(seconds: float) -> int:
+    """Whole milliseconds, at least 1: what Redis' ``PX`` takes (0 would mean no expiry to us)."""
+    return max(1, round(seconds * 1000))
 
 
 def current_token() -> FencingToken | None:

@@ -62,13 +62,19 @@ def _execution_of(request: Any) -> Execution | None:
     return execution if isinstance(execution, Execution) else None
 
 
-# Why a result write was dropped, by the script's refusal kind.
-_DROP_REASONS = {
-    "stale": "stale token",
-    "applied": "another execution of the task sealed it",
-    "superseded": "another execution of the task sealed it",
-    "corrupt": "the fence hash holds no valid mark",
-}
+def _refusal_reason(kind: str, detail: str, token: FencingToken | None) -> str:
+    """What a script's refusal of a result claim or write means, in words (for errors and logs)."""
+    if kind == "tokenless":
+        return f"tokenless write {detail}"
+    if kind == "owner":
+        return f"token of resource {token.resource if token else None} for a result of {detail}"
+    if kind == "grantor":
+        return f"token of grantor {token.grantor if token else None} for a result fenced by grantor {detail}"
+    if kind in ("applied", "superseded"):
+        return "another execution of the task sealed it"
+    if kind == "corrupt":
+        return "the fence hash holds no valid mark"
+    return "stale token"
 
 
 class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
@@ -199,19 +205,14 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
                 superseded=kind == "superseded",
                 applied_token=mark,
             )
+        reason = _refusal_reason(kind, detail, token)
         if kind == "grantor":
             raise GrantorMismatchError(
-                f"result of task {task_id}: token of grantor {token.grantor} for a result fenced by grantor {detail}",
+                f"result of task {task_id}: {reason}",
                 resource=token.resource,
                 token_grantor=token.grantor,
                 expected_grantor=detail,
             )
-        if kind == "owner":
-            reason = f"token of resource {token.resource} for a result of {detail}"
-        elif kind == "corrupt":
-            reason = "the fence hash holds no valid mark"
-        else:
-            reason = "stale token"
         raise StaleTokenError(
             f"result of task {task_id} is fenced by a newer execution ({reason})",
             resource=token.resource,
@@ -251,15 +252,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
         if refusal is not None:
             kind, detail = refusal
-            if kind == "tokenless":
-                reason = f"tokenless write {detail}"
-            elif kind == "owner":
-                reason = f"token of resource {token.resource if token else None} for a result of {detail}"
-            elif kind == "grantor":
-                grantor = token.grantor if token else None
-                reason = f"token of grantor {grantor} for a result fenced by grantor {detail}"
-            else:
-                reason = _DROP_REASONS.get(kind, kind)
+            reason = _refusal_reason(kind, detail, token)
             high_water = int(detail) if detail.isdigit() else None
             if kind in ("applied", "superseded"):
                 # A duplicate made harmless, not a rejection: the sealing execution's result stands.

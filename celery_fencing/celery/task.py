@@ -320,8 +320,8 @@ class FencedTask(Task):  # type: ignore[misc]
             return result
         except AlreadyAppliedError as exc:
             keep_lease = False
-            # Superseded: a newer execution holds the resource and finishes the task. Else
-            # this is the newest execution and the one that applied is gone: finish the task.
+            # Superseded: a newer execution of this task applied, and it finishes the task.
+            # Else the one that applied is older and gone: this execution finishes the task.
             self._already_applied(exc, execution.token.resource, phase="body", finish=not exc.superseded)
             self._seal(execution)
             return None

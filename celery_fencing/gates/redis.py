@@ -243,8 +243,11 @@ class RedisGate:
         return [
             self._mark_prefix + token.resource,
             self._grantor_prefix + token.resource,
-            f"{self._applied_prefix}{token.resource}:{task_id}",
+            self._applied_key(token.resource, task_id),
         ]
+
+    def _applied_key(self, resource: str, task_id: str) -> str:
+        return f"{self._applied_prefix}{resource}:{task_id}"
 
     @staticmethod
     def _fence_args(token: FencingToken, record: AppliedRecord | None) -> list[Any]:
@@ -265,8 +268,9 @@ class RedisGate:
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
         checked = self._checked(token)
-        self._check_slots(checked, self._mark_keys(checked))
-        self._run(self._claim_script, checked, self._mark_keys(checked), _claim_args(checked))
+        keys = self._mark_keys(checked)
+        self._check_slots(checked, keys)
+        self._run(self._claim_script, checked, keys, _claim_args(checked))
 
     def claim_call(self, token: FencingToken | None = None) -> ScriptCall:
         """:meth:`claim`, prepared to be sent in one round trip with other calls (:func:`run_script_calls`).
@@ -323,7 +327,7 @@ class RedisGate:
         """
         validate_resource(resource)
         try:
-            raw = self.client.get(f"{self._applied_prefix}{resource}:{task_id}")
+            raw = self.client.get(self._applied_key(resource, task_id))
         except RedisError as exc:
             _unavailable(exc)
         if raw is None:
