@@ -121,20 +121,11 @@ def child_append(alias: str, resource: str, key: str, seed: int, count: int, bar
 
 def child_apply(alias: str, value: int, start: Any, queue: Any) -> None:
     """Child-process entry point: set Django up, wait for the start, run one execution of "task-1", report."""
-    from celery_fencing import AlreadyAppliedError, StaleTokenError
-    from tests.gates.test_applied_contract import executing
+    from tests.gates.test_applied_contract import report_one_execution
 
     adapter = DjangoAdapter(AdapterSpec("django", alias))
     try:
-        start.wait(30)
-        with executing(value) as token:
-            try:
-                adapter.append(token, "log", value)
-                queue.put("ok")
-            except AlreadyAppliedError:
-                queue.put("applied")
-            except StaleTokenError:
-                queue.put("stale")
+        report_one_execution(adapter, value, start, queue)
     except BaseException as exc:
         queue.put(repr(exc))
         raise

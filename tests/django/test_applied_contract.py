@@ -18,6 +18,7 @@ from celery_fencing.context import Execution, token_context
 from celery_fencing.gates.django import DjangoGate, fenced_update
 from tests.gates.test_applied_contract import (
     RESOURCE,
+    check_concurrent_executions_apply_once,
     executing,
     test_a_stale_copy_of_an_unapplied_task_is_stale_not_applied,
     test_different_task_ids_each_apply,
@@ -50,19 +51,7 @@ __all__ = [
 
 def test_concurrent_executions_in_processes_apply_once(adapter: DjangoAdapter) -> None:
     """Six processes with their own Django connections run executions of one task id at once: exactly one applies."""
-    context = multiprocessing.get_context("spawn")
-    start = context.Event()
-    queue: Any = context.Queue()
-    children = [context.Process(target=child_apply, args=(adapter.alias, v, start, queue)) for v in range(1, 7)]
-    for child in children:
-        child.start()
-    start.set()
-    outcomes = [queue.get(timeout=120) for _ in children]
-    for child in children:
-        child.join(30)
-    assert outcomes.count("ok") == 1, outcomes
-    assert set(outcomes) <= {"ok", "applied", "stale"}
-    assert len(adapter.log("log")) == 1
+    check_concurrent_executions_apply_once(adapter, child_apply, adapter.alias)
 
 
 def test_prune_applied_deletes_expired_records_and_keeps_live_ones(adapter: DjangoAdapter) -> None:

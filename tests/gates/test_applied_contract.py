@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.synchronize
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -137,38 +137,51 @@ def test_records_expire(adapter: GateAdapter) -> None:
     assert adapter.log("log") == [1, 2]
 
 
+def report_one_execution(
+    adapter: GateAdapter, value: int, start: multiprocessing.synchronize.Event, outcomes: multiprocessing.Queue[str]
+) -> None:
+    """A child's part: wait for the start, run one execution of "task-1" holding *value*, put its outcome."""
+    start.wait(30)
+    with executing(value) as token:
+        try:
+            adapter.append(token, "log", value)
+            outcomes.put("ok")
+        except AlreadyAppliedError:
+            outcomes.put("applied")
+        except StaleTokenError:
+            outcomes.put("stale")
+
+
 def _apply_in_child(
     spec: AdapterSpec, value: int, start: multiprocessing.synchronize.Event, outcomes: multiprocessing.Queue[str]
 ) -> None:
     adapter = open_adapter(spec)
     try:
-        start.wait(30)
-        with executing(value) as token:
-            try:
-                adapter.append(token, "log", value)
-                outcomes.put("ok")
-            except AlreadyAppliedError:
-                outcomes.put("applied")
-            except StaleTokenError:
-                outcomes.put("stale")
+        report_one_execution(adapter, value, start, outcomes)
     finally:
         adapter.close()
+
+
+def check_concurrent_executions_apply_once(adapter: GateAdapter, child: Callable[..., None], first_arg: object) -> None:
+    """Six processes (``child(first_arg, value, start, outcomes)``) run executions of one task id at once, tokens
+    1..6: exactly one applies."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    queue: multiprocessing.Queue[str] = context.Queue()
+    children = [context.Process(target=child, args=(first_arg, v, start, queue)) for v in range(1, 7)]
+    for process in children:
+        process.start()
+    start.set()
+    outcomes = [queue.get(timeout=120) for _ in children]
+    for process in children:
+        process.join(30)
+    assert outcomes.count("ok") == 1, outcomes
+    assert set(outcomes) <= {"ok", "applied", "stale"}
+    assert len(adapter.log("log")) == 1
 
 
 def test_concurrent_executions_in_processes_apply_once(adapter: GateAdapter) -> None:
     """Six processes run executions of one task id at once (tokens 1..6): exactly one applies."""
     if not adapter.shared_across_processes:
         pytest.skip("this gate keeps its state in one process")
-    context = multiprocessing.get_context("spawn")
-    start = context.Event()
-    queue: multiprocessing.Queue[str] = context.Queue()
-    children = [context.Process(target=_apply_in_child, args=(adapter.spec, v, start, queue)) for v in range(1, 7)]
-    for child in children:
-        child.start()
-    start.set()
-    outcomes = [queue.get(timeout=120) for _ in children]
-    for child in children:
-        child.join(30)
-    assert outcomes.count("ok") == 1, outcomes
-    assert set(outcomes) <= {"ok", "applied", "stale"}
-    assert len(adapter.log("log")) == 1
+    check_concurrent_executions_apply_once(adapter, _apply_in_child, adapter.spec)
