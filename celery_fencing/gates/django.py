@@ -689,10 +689,13 @@ def _fenced_update(
         except _UNAVAILABLE as exc:
             _unavailable(exc, "committing a fenced update")
     try:
+        # The UPDATE before the applied table's existence check, as in _advance: on SQLite
+        # a block that read first cannot upgrade to a writer while another process writes
+        # ("database is locked" at once). A missing table still fails before any commit.
+        count: int = queryset.filter(condition).update(**assignments)
         if record is not None:
             with connection.cursor() as cursor:
                 applied.check(alias, cursor)
-        count: int = queryset.filter(condition).update(**assignments)
         if count:
             if record is None:
                 return count
