@@ -46,7 +46,19 @@ from typing import Any
 
 import redis
 
-from benchmarks.common import REDIS_URL, ROOT, Table, alternate, cpu_seconds, machine, peak_rss_mib, pid_of, rss_mib
+from benchmarks.common import (
+    PROGRESS,
+    REDIS_URL,
+    ROOT,
+    Table,
+    alternate,
+    cpu_seconds,
+    machine,
+    peak_rss_mib,
+    pid_of,
+    rss_mib,
+    show_progress,
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,21 @@ VARIANTS = {
     )
 }
 TARGETS = {"fenced-zk": 0.75, "exclusive-reuse-zk": 0.9}
+#: The floor each variant is compared with (what any design with its guarantee pays).
+FLOORS = {"fenced-zk": "floor-zk-write", "exclusive-reuse-zk": "floor-serial"}
 RSS_TARGET_MIB = 15.0
+
+
+@dataclass
+class EndToEnd:
+    """What :func:`run` measured: the printed tables and notes, and the samples the charts draw."""
+
+    tables: list[Table]
+    notes: list[str]
+    #: Variant key -> tasks/s, one sample per round.
+    rates: dict[str, list[float]]
+    #: Variant key -> process role (worker, producer, redis, zookeeper) -> CPU us per task, one per round.
+    cpu: dict[str, dict[str, list[float]]]
 
 
 class BenchWorker:
@@ -277,7 +303,7 @@ def run(
     profile_key: str | None = None,
     profile_seconds: float = 8.0,
     profile_dir: Path | None = None,
-) -> tuple[list[Table], list[str]]:
+) -> EndToEnd:
     variants = [VARIANTS[key] for key in keys]
     run_id = "bench" + uuid.uuid4().hex[:8]
     client = redis.Redis.from_url(REDIS_URL)
@@ -306,7 +332,9 @@ def run(
                 env["BENCH_LEASE_REUSE"] = str(variant.lease_reuse)
             worker = BenchWorker(variant, env, tmp, client)
             stack.callback(worker.stop)
+            began = time.monotonic()
             worker.start()
+            PROGRESS.info("celery: worker of %s ready in %.1f s", variant.key, time.monotonic() - began)
             workers[variant.key] = worker
             watched = {"worker": [worker.process.pid, *worker.pool_pids()], "producer": [os.getpid()]}
             redis_pid = pid_of("redis-server")
@@ -315,15 +343,17 @@ def run(
             if variant.source == "zookeeper" and zk.node.pid is not None:
                 watched["zookeeper"] = [zk.node.pid]
             producers[variant.key] = Producer(variant, env, client, watched)
-        for producer in producers.values():  # warm-up: connections, scripts, znodes, imports
-            producer.run(max(50, tasks // 10))
+        for key, producer in producers.items():  # warm-up: connections, scripts, znodes, imports
+            PROGRESS.info("celery: warm-up of %s, %.1f tasks/s", key, producer.run(max(50, tasks // 10)))
             for values in producer.cpu.values():
                 values.clear()
-        samples = alternate({v.key: (lambda p=producers[v.key]: p.run(tasks)) for v in variants}, rounds)
+        subjects = {v.key: (lambda p=producers[v.key]: p.run(tasks)) for v in variants}
+        samples = alternate(subjects, rounds, section="celery", unit="tasks/s")
         producers_cpu = {key: {role: list(v) for role, v in p.cpu.items()} for key, p in producers.items()}
         rss = {key: [peak_rss_mib(pid) for pid in worker.pool_pids()] for key, worker in workers.items()}
         rss_now = {key: [rss_mib(pid) for pid in worker.pool_pids()] for key, worker in workers.items()}
         if profile_key is not None:
+            PROGRESS.info("celery: profiling %s for %.0f s", profile_key, profile_seconds)
             notes.append(
                 profile(workers[profile_key], producers[profile_key], tasks, profile_seconds, profile_dir or tmp)
             )
@@ -346,7 +376,7 @@ def run(
         for key in ("fenced-zk", "fenced-sqlite"):
             if key in samples:
                 ratios.append((f"{key} / singleton", label[key], label["singleton"], 1.0))
-    for key, floor in (("fenced-zk", "floor-zk-write"), ("exclusive-reuse-zk", "floor-serial")):
+    for key, floor in FLOORS.items():
         if key in samples and floor in samples:
             ratios.append((f"{key} / {floor}", label[key], label[floor], None))
     if "exclusive-zk" in samples and "exclusive-reuse-zk" in samples:
@@ -378,7 +408,7 @@ def run(
         cpu_lines.append(f"{VARIANTS[key].label + ' [' + key + ']':64} {parts}")
     notes.insert(0, "\n".join(rss_lines))
     notes.insert(1, "\n".join(cpu_lines))
-    return [table], notes
+    return EndToEnd([table], notes, samples, producers_cpu)
 
 
 def _cleanup(client: redis.Redis, run_id: str) -> None:
@@ -403,14 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds and --tasks must be >= 1; --variants a subset of {','.join(VARIANTS)}")
     if args.profile and args.profile not in keys:
         keys.append(args.profile)
+    show_progress()
     print(machine())
     profile_dir = Path(args.profile_dir) if args.profile_dir else None
-    tables, notes = run(
-        args.rounds, args.tasks, keys, not args.no_fsync, args.profile, args.profile_seconds, profile_dir
-    )
-    for table in tables:
+    result = run(args.rounds, args.tasks, keys, not args.no_fsync, args.profile, args.profile_seconds, profile_dir)
+    for table in result.tables:
         print(table.render())
-    for note in notes:
+    for note in result.notes:
         print(note)
     print(f"peak RSS of this process: {peak_rss_mib():.1f} MiB; load average now {os.getloadavg()[0]:.2f}")
     return 0

@@ -1,7 +1,8 @@
-"""What every benchmark shares: alternating rounds, medians and ratios, peak RSS, the machine."""
+"""What every benchmark shares: alternating rounds, medians and ratios, progress lines, peak RSS, the machine."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import resource
@@ -18,19 +19,42 @@ if str(ROOT) not in sys.path:
 
 REDIS_URL = os.environ.get("FENCING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
+#: Progress lines (one per subject and round, one per worker started, ...): INFO on this logger.
+PROGRESS = logging.getLogger("benchmarks")
 
-def alternate(subjects: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+
+def show_progress() -> None:
+    """Print the progress lines on stderr, stamped with the time; stdout keeps only the tables.
+
+    Plain logging rather than a progress bar: a bar redraws one line in place,
+    which a CI log or ``| tee`` turns into noise, and a benchmark's rounds are
+    discrete events. Idempotent (each entry point calls it).
+    """
+    if not PROGRESS.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        PROGRESS.addHandler(handler)
+        PROGRESS.setLevel(logging.INFO)
+        PROGRESS.propagate = False
+
+
+def alternate(
+    subjects: dict[str, Callable[[], float]], rounds: int, *, section: str = "", unit: str = ""
+) -> dict[str, list[float]]:
     """Call every subject once per round, rotating which goes first; return each subject's samples.
 
     Drift on a shared machine (other suites, page cache, CPU frequency) then
     hits every subject alike, and each ratio compares samples of the same rounds.
+    Each sample is logged as a progress line (``section round i/n: subject value unit``).
     """
     names = list(subjects)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_no in range(rounds):
         shift = round_no % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(subjects[name]())
+            value = subjects[name]()
+            samples[name].append(value)
+            PROGRESS.info("%s round %d/%d: %s %.1f %s", section, round_no + 1, rounds, name, value, unit)
     return samples
 
 

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import PROGRESS, show_progress  # noqa: E402
 from celery_fencing import FencingToken, RedisGate, SQLGate, token_context  # noqa: E402
 from celery_fencing.context import Execution  # noqa: E402
 
@@ -83,8 +84,13 @@ class Group:
     comparisons: list[Comparison]
 
 
-def measure(subjects: dict[str, Callable[[], object]], rounds: int, count: int, warmup: int) -> dict[str, float]:
-    """Return each subject's median latency in microseconds, calling the subjects in turn."""
+def measure(
+    subjects: dict[str, Callable[[], object]], rounds: int, count: int, warmup: int, label: str = ""
+) -> dict[str, float]:
+    """Return each subject's median latency in microseconds, calling the subjects in turn.
+
+    Logs one progress line per round: *label* and each subject's median of the round.
+    """
     for call in subjects.values():
         for _ in range(warmup):
             call()
@@ -100,6 +106,8 @@ def measure(subjects: dict[str, Callable[[], object]], rounds: int, count: int, 
                 started = clock()
                 call()
                 into.append(clock() - started)
+        medians = (f"{name} {statistics.median(samples[name][-count:]) / 1000:.1f} us" for name in names)
+        PROGRESS.info("gates %s round %d/%d: %s", label, round_no + 1, rounds, ", ".join(medians))
     return {name: statistics.median(values) / 1000 for name, values in samples.items()}
 
 
@@ -267,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.count < 1 or args.warmup < 0 or not set(stores) <= set(STORES) or not stores:
         parser.error(f"--rounds and --count must be >= 1; --stores a subset of {','.join(STORES)}")
 
+    show_progress()
     run = "bench" + uuid.uuid4().hex[:8]
     missed = []
     print(f"{'comparison':44} {'gated us':>10} {'plain us':>10} {'ratio':>7} {'target':>7}")
@@ -278,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 url = SQL_URLS.get(store) or f"sqlite:///{Path(tmp) / 'bench.db'}"
                 groups = stack.enter_context(sql_groups(store, url, run, args.warmup + args.rounds * args.count))
-            for group in groups:
-                medians = measure(group.subjects, args.rounds, args.count, args.warmup)
+            for number, group in enumerate(groups, 1):
+                label = f"{store} ({number}/{len(groups)})"
+                medians = measure(group.subjects, args.rounds, args.count, args.warmup, label)
                 for comparison in group.comparisons:
                     gated, plain = medians[comparison.gated], medians[comparison.plain]
                     ratio = gated / plain

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import Table, alternate, machine, peak_rss_mib, rate
+from benchmarks.common import PROGRESS, Table, alternate, machine, peak_rss_mib, rate, show_progress
 from celery_fencing import SQLiteTokenSource, ZooKeeperTokenSource
 
 TARGETS = {"mint": 0.8, "pipelined": 0.8}
@@ -73,6 +73,7 @@ def run(rounds: int, count: int, batch: int, fsync: bool) -> list[Table]:
                 "sqlite: SQLiteTokenSource.mint()": lambda: sqlite_source.mint("bench"),
                 "sqlite: UPDATE in BEGIN IMMEDIATE": plain_update,
             }
+            PROGRESS.info("minting: warm-up, %d subjects", len(subjects))
             for call in subjects.values():  # warm-up: connections, znodes, JIT, page cache
                 for _ in range(20):
                     call()
@@ -83,7 +84,8 @@ def run(rounds: int, count: int, batch: int, fsync: bool) -> list[Table]:
                 n = per_call.get(name, 1)
                 return lambda: rate(call, pipelined_count if n > 1 else count, n)
 
-            samples = alternate({name: measure(name, call) for name, call in subjects.items()}, rounds)
+            measured = {name: measure(name, call) for name, call in subjects.items()}
+            samples = alternate(measured, rounds, section="minting", unit="tokens/s")
         finally:
             raw.stop()
             raw.close()
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.count < 1 or args.batch < 1:
         parser.error("--rounds, --count and --batch must be >= 1")
+    show_progress()
     print(machine())
     tables = run(args.rounds, args.count, args.batch, not args.no_fsync)
     for table in tables:

@@ -23,7 +23,7 @@ import sys
 import time
 from contextlib import ExitStack
 
-from benchmarks.common import Table, alternate, machine, peak_rss_mib, rss_mib
+from benchmarks.common import PROGRESS, Table, alternate, machine, peak_rss_mib, rss_mib, show_progress
 from celery_fencing import ZooKeeperTokenSource
 
 LATENCY_TARGET = 1.5
@@ -64,6 +64,7 @@ def run(sizes: list[int], rounds: int, count: int, fsync: bool) -> tuple[list[Ta
                 source.mint_many(resources[start : start + BATCH])
             elapsed = time.perf_counter() - started
             populate.append(f"{size:>8} resources created in {elapsed:7.2f} s ({size / elapsed:8.0f} znodes/s)")
+            PROGRESS.info("scale: %s", populate[-1].strip())
             servers[size], sources[size], names[size] = server, source, resources
         notes.append("\n".join(populate))
         notes.append(
@@ -85,7 +86,8 @@ def run(sizes: list[int], rounds: int, count: int, fsync: bool) -> tuple[list[Ta
 
         for size in sizes:  # warm-up
             latency(size)
-        samples = alternate({f"mint() among {size} resource(s)": (lambda s=size: latency(s)) for size in sizes}, rounds)
+        subjects = {f"mint() among {size} resource(s)": (lambda s=size: latency(s)) for size in sizes}
+        samples = alternate(subjects, rounds, section="scale", unit="us median")
         labels = list(samples)
         table = Table(
             f"mint() latency by number of resources, {rounds} rounds x {count} calls (each round's median); "
@@ -100,6 +102,7 @@ def run(sizes: list[int], rounds: int, count: int, fsync: bool) -> tuple[list[Ta
         source = sources[largest]
         recent = source.mint(names[largest][0])  # minted just now: prune keeps it
         highest = recent.value
+        PROGRESS.info("scale: pruning the %d-resource server", largest)
         started = time.perf_counter()
         pruned = source.prune(older_than=1.0, window=BATCH, timeout=1800)
         elapsed = time.perf_counter() - started
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes must be comma-separated integers")
     if not sizes or sizes[0] < 1 or args.rounds < 1 or args.count < 1:
         parser.error("--sizes must be >= 1; --rounds and --count >= 1")
+    show_progress()
     print(machine())
     tables, notes = run(sizes, args.rounds, args.count, not args.no_fsync)
     for note in notes[:2]:
