@@ -8,15 +8,31 @@ builds its own adapter (its own client or engine) with :func:`open_adapter`.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 import sqlalchemy as sa
+from redis.cluster import RedisCluster
 
-from celery_fencing import FencingToken, MemoryGate, RedisGate, SQLGate, StaleTokenError
+from celery_fencing import (
+    FencingError,
+    FencingToken,
+    InvalidArgumentError,
+    InvalidTokenError,
+    MemoryGate,
+    RedisGate,
+    SQLGate,
+    StaleTokenError,
+    token_context,
+)
+from celery_fencing.context import current_execution
+from celery_fencing.token import Mark, validate_resource
 
 # Bounded connect and lock waits, so an unreachable server fails a test fast.
 SQL_CONNECT_ARGS = {
@@ -34,7 +50,7 @@ def make_engine(url: str) -> sa.Engine:
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    kind: str  # memory | redis | sql
+    kind: str  # memory | redis | redis_cluster | sql
     url: str = ""
     namespace: str = ""  # Redis key prefix, or SQL table-name suffix
 
@@ -124,11 +140,12 @@ class MemoryAdapter(GateAdapter):
 
 
 class RedisAdapter(GateAdapter):
+    client_class: Any = redis.Redis
     APPEND_BODY = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 
     def __init__(self, spec: AdapterSpec, *, decode_responses: bool = False) -> None:
         self.spec = spec
-        self.client = redis.Redis.from_url(
+        self.client = self.client_class.from_url(
             spec.url, socket_connect_timeout=5, socket_timeout=30, decode_responses=decode_responses
         )
         self.gate = RedisGate(self.client, prefix=f"{spec.namespace}:fencing")
@@ -162,9 +179,125 @@ class RedisAdapter(GateAdapter):
         self.client.close()
 
     def drop(self) -> None:
-        keys = list(self.client.scan_iter(match=f"{self.spec.namespace}:*", count=1000))
+        keys = list(self.client.scan_iter(match=self.pattern(), count=1000))
         if keys:
             self.client.delete(*keys)
+
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key the adapter's gate and data can create."""
+        return f"{self.spec.namespace}:*"
+
+
+class HashTaggedGate:
+    """A RedisGate on a Redis Cluster, called with the contract suite's untagged resource names.
+
+    In a cluster every resource needs a hash tag, and its data keys the same
+    one (the suite names resources ``"acct"``, ``"Acct "``, ...). This wrapper
+    puts *tag* in front of every resource on the way in (explicit tokens, the
+    current execution's token, resource arguments) and strips it from every
+    resource that comes back (error fields, marks), so each contract assertion
+    reads as on one server. One tag for all resources of a test keeps them in
+    one slot, as data keys bound to one resource but written with another's
+    token must be for the gate to report the mismatch.
+
+    Bad input reaches the gate as given: a forged token keeps its bad value
+    and gets the tag, so only the value can be what is refused; a bad resource
+    cannot be tagged and goes in unchanged. A refusal by the gate's slot check
+    is raised as an ``AssertionError``: the wrapper tags every key, so it means
+    the adapter is wrong, and it must not pass for the ``InvalidTokenError`` a
+    bad-input test expects.
+    """
+
+    def __init__(self, gate: RedisGate, tag: str) -> None:
+        self.gate = gate
+        self.tag = tag
+
+    def claim(self, token: Any) -> None:
+        self._call(self.gate.claim, token)
+
+    def set(self, token: Any, key: str, value: Any) -> None:
+        self._call(self.gate.set, token, key, value)
+
+    def hset(self, token: Any, key: str, mapping: dict[str, Any]) -> None:
+        self._call(self.gate.hset, token, key, mapping)
+
+    def eval(self, token: Any, script: str, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Any:
+        return self._call(self.gate.eval, token, script, keys, args)
+
+    def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
+        tagged = None if expected is None else dataclasses.replace(expected, resource=self.tag + expected.resource)
+        self._call(self.gate.reset_mark, token, expected=tagged)
+
+    def high_water(self, resource: str) -> int | None:
+        return self.gate.high_water(self.tag + resource)
+
+    def mark(self, resource: str) -> Mark | None:
+        mark = self.gate.mark(self.tag + resource)
+        return None if mark is None else dataclasses.replace(mark, resource=self._untagged(mark.resource))
+
+    def applied(self, resource: str, task_id: str) -> str | None:
+        return self.gate.applied(self.tag + resource, task_id)
+
+    def _call(self, method: Callable[..., Any], token: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._tagged_execution():
+            try:
+                return method(self._tagged_token(token), *args, **kwargs)
+            except InvalidArgumentError as exc:
+                # The slot check's message, as tests/gates/test_redis_cluster.py pins it.
+                if "hashes to slot" in str(exc):
+                    raise AssertionError(f"the adapter left a key outside its test's slot: {exc}") from exc
+                raise
+            except FencingError as exc:
+                for name in ("resource", "token_resource", "expected_resource"):
+                    if isinstance(getattr(exc, name, None), str):
+                        setattr(exc, name, self._untagged(getattr(exc, name)))
+                raise
+
+    @contextmanager
+    def _tagged_execution(self) -> Iterator[None]:
+        """The current execution, if any, with its token tagged: its id and flags stay, so records match."""
+        execution = current_execution()
+        if execution is None:
+            yield
+            return
+        with token_context(dataclasses.replace(execution, token=self._tagged_token(execution.token))):
+            yield
+
+    def _tagged_token(self, token: Any) -> Any:
+        if not isinstance(token, FencingToken):
+            return token
+        try:
+            validate_resource(token.resource)
+        except InvalidTokenError:
+            return token
+        # Field by field, not FencingToken(...): a forged value must reach the gate unvalidated.
+        tagged = object.__new__(FencingToken)
+        for name in (f.name for f in dataclasses.fields(FencingToken)):
+            object.__setattr__(tagged, name, getattr(token, name))
+        object.__setattr__(tagged, "resource", self.tag + token.resource)
+        return tagged
+
+    def _untagged(self, resource: str) -> str:
+        # Only this test's tag is stripped: any other name is reported as the gate gave it.
+        return resource[len(self.tag) :] if resource.startswith(self.tag) else resource
+
+
+class RedisClusterAdapter(RedisAdapter):
+    """RedisGate on a Redis Cluster: one hash tag per test (its namespace) in every resource and data key."""
+
+    client_class = RedisCluster
+
+    def __init__(self, spec: AdapterSpec) -> None:
+        super().__init__(spec)
+        self.tag = f"{{{spec.namespace}}}"
+        self.gate = HashTaggedGate(self.gate, self.tag)
+
+    def key(self, key: str) -> str:
+        return f"{self.tag}:data:{key}"
+
+    def pattern(self) -> str:
+        # Every key carries the tag: data keys begin with it, the gate's keys name a tagged resource or data key.
+        return f"*{self.tag}*"
 
 
 class SQLAdapter(GateAdapter):
@@ -264,6 +397,8 @@ def open_adapter(spec: AdapterSpec) -> GateAdapter:
         return MemoryAdapter(spec)
     if spec.kind == "redis":
         return RedisAdapter(spec)
+    if spec.kind == "redis_cluster":
+        return RedisClusterAdapter(spec)
     if spec.kind == "sql":
         return SQLAdapter(spec)
     raise ValueError(spec.kind)

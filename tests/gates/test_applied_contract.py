@@ -1,10 +1,11 @@
 """Exactly once at the gate: every gate records "task id T applied on resource R" with the effect.
 
-Parametrised over every gate of the contract suite (memory, Redis, PostgreSQL,
-MariaDB, SQLite; Django runs the same file from tests/django). Each execution
-is an :class:`~celery_fencing.context.Execution` made current with
-``token_context``, as a fenced task does. The negative control runs the same
-schedule with exactly-once off, and the effect is applied twice.
+Parametrised over every gate of the contract suite (memory, Redis, Redis
+Cluster, PostgreSQL, MariaDB, SQLite; Django runs the same file from
+tests/django). Each execution is an :class:`~celery_fencing.context.Execution`
+made current with ``token_context``, as a fenced task does. The negative
+control runs the same schedule with exactly-once off, and the effect is applied
+twice.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The contract every gate passes, parametrised over MemoryGate, Redis, PostgreSQL, MariaDB and SQLite.
+"""The contract every gate passes, parametrised over MemoryGate, Redis, Redis Cluster, PostgreSQL, MariaDB and SQLite.
 
 Each backend provides a GateAdapter fixture named ``<kind>_adapter`` (see
 conftest.py); adding a kind to GATE_KINDS runs the whole contract against it.

@@ -6,6 +6,10 @@ exactly-once records included, runs as on a single server. A data key
 outside the resource's slot is a programming error: it is refused before any
 I/O with both slots named, instead of the cluster's raw CROSSSLOT error,
 which a task would retry as an outage.
+
+The whole gate contract suite runs on the same cluster too (the
+``redis_cluster`` adapter, one hash tag per test); this file pins what only a
+cluster has.
 """
 
 from __future__ import annotations
