@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, select
 from .checker import AuditRow, Fault, Observation, RedisState
 from .schema import Names
 
-__all__ = ["collect", "scope_events"]
+__all__ = ["collect", "read_audit", "scope_events"]
 
 
 def scope_events(events: Iterable[dict[str, Any]], side: str, scope: str, tasks: set[str]) -> list[dict[str, Any]]:
@@ -41,6 +41,31 @@ def collect(
     ended: float,
 ) -> Observation:
     """Build the observation; reads PostgreSQL and (with *redis_urls*, resource to URL) Redis."""
+    audit, balances = read_audit(names, scope, pg_url)
+    redis_state: dict[str, RedisState] | None = None
+    if redis_urls is not None:
+        redis_state = {}
+        for resource in balances:
+            client = redis.Redis.from_url(redis_urls[resource], decode_responses=True, socket_timeout=10)
+            try:
+                redis_state[resource] = _redis_state(client, names, resource)
+            finally:
+                client.close()
+    return Observation(
+        side=side,
+        submitted=dict(submitted),
+        events=scope_events(events, side, scope, set(submitted)),
+        audit=audit,
+        balances=balances,
+        redis=redis_state,
+        faults=list(faults),
+        started=started,
+        ended=ended,
+    )
+
+
+def read_audit(names: Names, scope: str, pg_url: str) -> tuple[list[AuditRow], dict[str, int]]:
+    """The audit rows of *scope* in commit order (``seq``), and the balance of each of its accounts."""
     accounts, audit_table = names.tables()
     pattern = f"acct:{scope}:%"
     engine = create_engine(pg_url, connect_args={"connect_timeout": 5})
@@ -68,26 +93,7 @@ def collect(
             }
     finally:
         engine.dispose()
-    redis_state: dict[str, RedisState] | None = None
-    if redis_urls is not None:
-        redis_state = {}
-        for resource in balances:
-            client = redis.Redis.from_url(redis_urls[resource], decode_responses=True, socket_timeout=10)
-            try:
-                redis_state[resource] = _redis_state(client, names, resource)
-            finally:
-                client.close()
-    return Observation(
-        side=side,
-        submitted=dict(submitted),
-        events=scope_events(events, side, scope, set(submitted)),
-        audit=audit,
-        balances=balances,
-        redis=redis_state,
-        faults=list(faults),
-        started=started,
-        ended=ended,
-    )
+    return audit, balances
 
 
 def _redis_state(client: redis.Redis, names: Names, resource: str) -> RedisState:
