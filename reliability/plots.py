@@ -141,10 +141,12 @@ def _fault_lanes(axes: Axes, timeline: Timeline, kinds: list[str], colours: dict
             if fault.kind == kind
         ]
         axes.broken_barh(spans, (row - 0.35, 0.7), color=colours[kind])
-    counts = Counter(fault.kind for fault in timeline.faults)
-    axes.set_yticks(range(len(kinds)), [f"{kind} ({counts[kind]})" for kind in kinds], fontsize=8)
+    # A process fault is one record per side, at the same moment; a server fault one record for both.
+    first = timeline.sides[0].side if timeline.sides else "both"
+    per_side = Counter(f.kind for f in timeline.faults if f.side in (first, "both"))
+    axes.set_yticks(range(len(kinds)), [f"{kind} ({per_side[kind]})" for kind in kinds], fontsize=8)
     axes.set_ylim(len(kinds) - 0.5, -0.5)
-    axes.set_ylabel("faults (count)")
+    axes.set_ylabel("faults\n(count per side)")
 
 
 def _violation_lanes(axes: Axes, timeline: Timeline) -> None:

@@ -157,7 +157,7 @@ def timeline(world: World, result: PhaseResult, submissions: Submissions, seed: 
         sides.append(side_timeline(side, mine, audit, submitted_at, figures))
     origin = min((t for _, t in submissions.at.values()), default=time.monotonic() - result.wall)
     title = (
-        f"Soak, seed {seed}: {result.spec.duration:.0f} s of faults ({len(result.faults)}), "
+        f"Soak, seed {seed}: {result.spec.duration:.0f} s of faults ({result.fenced.faults_injected} per side), "
         f"{result.fenced.tasks} tasks per side; safety violations: "
         + ", ".join(f"{f.side} {f.safety_violations}" for f in (result.fenced, result.control))
     )
