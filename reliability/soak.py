@@ -13,9 +13,9 @@ Redis kill and restart with or without persistence, PostgreSQL immediate
 restart), then heals, drains and prints both sides' figures. The last account
 keeps its Redis data in the store without persistence.
 
-Every ``--progress`` seconds it logs a line on stderr: the time so far, per
-side the tasks submitted and applied and the violations so far, and the
-faults so far (injected and proven). The violations so far are those a single
+Every ``--progress`` seconds it logs a line on stderr: the time so far and,
+per side, the tasks submitted and applied, the faults so far (injected and
+proven) and the violations so far. The violations so far are those a single
 write commits (stale writes accepted, non-increasing tokens, lost updates,
 duplicate effects; :mod:`reliability.timeline`), counted from the history as
 it is written; the final table adds the rules about the final state.
@@ -83,24 +83,25 @@ class SoakWorld(World):
         events: list[dict[str, Any]] = []
         while True:
             await asyncio.sleep(spec.progress)
-            # Copied on the loop (whose tasks add to them); the history is read and checked off it.
-            tasks = {side: len(submitted[side]) for side in SIDES}
-            injected, proven = len(faults), sum(1 for f in faults if f.proven)
-            events.extend(await asyncio.to_thread(tail.poll))
+            # Copied on the loop, whose tasks add to them; the history is read and checked off it.
             snapshot = {side: dict(submitted[side]) for side in SIDES}
-            figures = await asyncio.to_thread(_check_sides, events, snapshot)
+            injected = list(faults)
+            events.extend(await asyncio.to_thread(tail.poll))
+            figures = await asyncio.to_thread(_check_sides, events, snapshot, injected)
             elapsed = time.monotonic() - started
             phase = f"of {spec.duration:.0f}s" if elapsed < spec.duration else "(healed, draining)"
             sides = "; ".join(
-                f"{side} submitted {tasks[side]} applied {figures[side].applied} "
-                f"violations {figures[side].safety_violations}"
-                for side in SIDES
+                f"{side} submitted {len(snapshot[side])} applied {f.applied} "
+                f"faults {f.faults_injected} ({f.faults_proven} proven) violations {f.safety_violations}"
+                for side, f in figures.items()
             )
-            PROGRESS.info("%5.0fs %s: %s; faults %d (%d proven)", elapsed, phase, sides, injected, proven)
+            PROGRESS.info("%5.0fs %s: %s", elapsed, phase, sides)
 
 
-def _check_sides(events: list[dict[str, Any]], submitted: dict[str, dict[str, str]]) -> dict[str, Figures]:
-    return {side: so_far(events, side, submitted[side]) for side in SIDES}
+def _check_sides(
+    events: list[dict[str, Any]], submitted: dict[str, dict[str, str]], faults: list[Fault]
+) -> dict[str, Figures]:
+    return {side: so_far(events, side, submitted[side], faults) for side in SIDES}
 
 
 class Submissions:

@@ -190,18 +190,21 @@ def _stale_accepted(
     return marks
 
 
-def so_far(events: Iterable[dict[str, Any]], side: str, submitted: dict[str, str]) -> Figures:
+def so_far(
+    events: Iterable[dict[str, Any]], side: str, submitted: dict[str, str], faults: Sequence[Fault] = ()
+) -> Figures:
     """The checker's figures of *side* on the history so far: what the progress lines print.
 
     The audit rows are those the history reports committed (:func:`committed_rows`),
     each balance its last row's value, and Redis is not read: of the safety rules,
     those about writes count (stale writes accepted, non-increasing tokens, lost
     updates, duplicate effects), and the end-state ones wait for the final table.
+    *faults* are those injected so far (``faults_injected``, ``faults_proven``).
     """
     mine = [e for e in events if e.get("mode") == side and e.get("task") in submitted]
     rows = committed_rows(mine)
     balances = {row.resource: row.new_value for row in sorted(rows, key=lambda r: r.seq)}
-    return check(Observation(side, dict(submitted), mine, rows, balances))
+    return check(Observation(side, dict(submitted), mine, rows, balances, faults=list(faults)))
 
 
 def safety_counts(figures: Figures) -> dict[str, int]:

@@ -138,15 +138,15 @@ def soak(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[subp
 
 LINE = re.compile(
     r"^\d\d:\d\d:\d\d reliability\.soak +(?P<elapsed>\d+)s (of \d+s|\(healed, draining\)): "
-    r"fenced submitted (?P<fs>\d+) applied (?P<fa>\d+) violations \d+; "
-    r"control submitted (?P<cs>\d+) applied (?P<ca>\d+) violations \d+; faults (?P<faults>\d+) \(\d+ proven\)$",
+    r"fenced submitted (?P<fs>\d+) applied (?P<fa>\d+) faults (?P<faults>\d+) \(\d+ proven\) violations \d+; "
+    r"control submitted (?P<cs>\d+) applied (?P<ca>\d+) faults \d+ \(\d+ proven\) violations \d+$",
     re.MULTILINE,
 )
 
 
 @pytest.mark.slow
 def test_soak_prints_progress_lines_on_stderr(soak: tuple[subprocess.CompletedProcess[str], Path]) -> None:
-    """Every --progress seconds a line on stderr: time so far, per side submitted, applied and violations, faults."""
+    """Every --progress seconds a line on stderr: the time so far, per side submitted, applied, faults, violations."""
     result, _ = soak
     lines = [match.groupdict() for match in LINE.finditer(result.stderr)]
     assert len(lines) >= SOAK_SECONDS // 2, result.stderr[-3000:]
