@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
-from celery_fencing import FencingToken
+from celery_fencing import FencingToken, current_token
 from celery_fencing.celery import FencedTask, install
 from celery_fencing.celery.runtime import runtime_for
 
@@ -318,3 +318,30 @@ def session_job(self: Task, name: str) -> int:
     event("lost" if lost else "kept", self.request.id, token.value, self.request.retries)
     gates()[0].set(None, key("sess", name), token.value)
     return int(token.value)
+
+
+# Pools: executions side by side in one process -----------------------------------------
+
+
+def _token_fields(token: FencingToken | None) -> list[object] | None:
+    return None if token is None else [token.resource, token.value]
+
+
+@app.task(bind=True, base=FencedTask, fencing_resource="echo:{name}")
+def token_echo(self: Task, name: str) -> dict[str, Any]:
+    """Report the current token before and after a pause, and how many executions of this process ran at once.
+
+    The pause (``FT_THINK``) is where a gevent or threads worker runs its other
+    executions: each must still see its own token after it, not a neighbour's.
+    """
+    before = current_token()
+    running = data().incr(key("running", os.getpid()))
+    _think()
+    still_running = int(data().get(key("running", os.getpid())) or 0)
+    after = current_token()
+    data().decr(key("running", os.getpid()))
+    return {
+        "request": _token_fields(self.request.fencing_token),
+        "seen": [_token_fields(before), _token_fields(after)],
+        "concurrent": max(running, still_running),
+    }

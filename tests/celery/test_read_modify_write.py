@@ -1,9 +1,12 @@
 """Read-modify-write on one account under concurrency and random process pauses.
 
-Two prefork workers (concurrency 2 each) run deposit tasks on one account while
-a nemesis SIGSTOPs random pool processes. With fencing, the final balance is
-the exact sum of the deposits; without (the negative control, same schedule),
-updates are lost. Both are asserted, on the Redis broker and on RabbitMQ.
+Two workers (concurrency 2 each) run deposit tasks on one account while a
+nemesis SIGSTOPs random processes that run them. With fencing, the final
+balance is the exact sum of the deposits; without (the negative control, same
+schedule), updates are lost. Both are asserted on prefork workers (the nemesis
+pauses pool children), on the Redis broker and on RabbitMQ, and on gevent and
+threads workers on the Redis broker (the nemesis pauses a whole worker: its
+two executions stop together, each mid-way and holding its own token).
 
 With re-delivery (a one-second visibility timeout and pauses longer than it),
 messages run again while their first execution is paused: fencing with
@@ -21,15 +24,16 @@ from celery import states
 
 from .conftest import Scenario
 from .nemesis import PauseNemesis
+from .pools import start_pool_worker, task_processes
 
 DEPOSITS = 200
 
 
 def _run_deposits(
-    scenario: Scenario, task: str, *, pause: tuple[float, float] = (0.05, 0.6)
+    scenario: Scenario, task: str, *, pool: str = "prefork", pause: tuple[float, float] = (0.05, 0.6)
 ) -> tuple[int, int, PauseNemesis]:
-    workers = [scenario.worker(f"w{n}", pool="prefork", concurrency=2) for n in (1, 2)]
-    nemesis = PauseNemesis(lambda: [pid for w in workers for pid in w.pool_pids()], seed=7, pause=pause)
+    workers = [start_pool_worker(scenario, f"w{n}", pool, concurrency=2) for n in (1, 2)]
+    nemesis = PauseNemesis(lambda: [pid for w in workers for pid in task_processes(w, pool)], seed=7, pause=pause)
     nemesis.start()
     try:
         results = [scenario.send(task, 42, 1) for _ in range(DEPOSITS)]
@@ -51,20 +55,27 @@ def _rejections(scenario: Scenario) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(params=["redis", "rabbitmq"])
-def broker_scenario(request: pytest.FixtureRequest, scenario: Scenario) -> Scenario:
-    if request.param == "rabbitmq":
+# (broker, pool): prefork on both brokers; gevent and threads on Redis.
+WORLDS = [("redis", "prefork"), ("rabbitmq", "prefork"), ("redis", "gevent"), ("redis", "threads")]
+
+
+@pytest.fixture(params=WORLDS, ids=["-".join(world) for world in WORLDS])
+def world(request: pytest.FixtureRequest, scenario: Scenario) -> tuple[Scenario, str]:
+    """A scenario on one broker, and the pool its workers run."""
+    broker, pool = request.param
+    if broker == "rabbitmq":
         scenario.env["FT_BROKER"] = request.getfixturevalue("rabbitmq_url")
-    return scenario
+    return scenario, pool
 
 
 @pytest.mark.slow
-def test_fenced_deposits_lose_nothing(broker_scenario: Scenario) -> None:
+def test_fenced_deposits_lose_nothing(world: tuple[Scenario, str]) -> None:
     """With fencing, every deposit counts exactly once although stale attempts were fenced out."""
-    balance, applied, nemesis = _run_deposits(broker_scenario, "deposit")
-    rejected = _rejections(broker_scenario)
+    scenario, pool = world
+    balance, applied, nemesis = _run_deposits(scenario, "deposit", pool=pool)
+    rejected = _rejections(scenario)
     print(
-        f"\nfenced: balance={balance}/{DEPOSITS} applied={applied} pauses={nemesis.proven_pauses} "
+        f"\nfenced, {pool}: balance={balance}/{DEPOSITS} applied={applied} pauses={nemesis.proven_pauses} "
         f"stale attempts rejected at claim={rejected['claim']} at write={rejected['body']}"
     )
     assert nemesis.proven_pauses > 0, "the nemesis must really have paused processes"
@@ -74,10 +85,14 @@ def test_fenced_deposits_lose_nothing(broker_scenario: Scenario) -> None:
 
 
 @pytest.mark.slow
-def test_unfenced_deposits_lose_updates(broker_scenario: Scenario) -> None:
+def test_unfenced_deposits_lose_updates(world: tuple[Scenario, str]) -> None:
     """Negative control: the same schedule with plain writes loses deposits."""
-    balance, applied, nemesis = _run_deposits(broker_scenario, "deposit_unfenced")
-    print(f"\nunfenced: balance={balance}/{DEPOSITS} lost updates={DEPOSITS - balance} pauses={nemesis.proven_pauses}")
+    scenario, pool = world
+    balance, applied, nemesis = _run_deposits(scenario, "deposit_unfenced", pool=pool)
+    print(
+        f"\nunfenced, {pool}: balance={balance}/{DEPOSITS} lost updates={DEPOSITS - balance} "
+        f"pauses={nemesis.proven_pauses}"
+    )
     assert nemesis.proven_pauses > 0
     assert applied == DEPOSITS, "every task ran and wrote"
     assert balance < DEPOSITS, "without fencing, concurrent read-modify-writes must lose updates"
