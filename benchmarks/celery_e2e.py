@@ -212,8 +212,10 @@ class Producer:
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(keys), 1000):
             pipe.unlink(*keys[start : start + 1000])
+        floor = f"{self.prefix}:fence:floor"  # the store's, not a task's: deleting it is amnesia (re-armed, refused)
         for key in self.redis.scan_iter(f"{self.prefix}:fence:*", count=1000):
-            pipe.unlink(key)
+            if key not in (floor, floor.encode()):
+                pipe.unlink(key)
         pipe.execute()
 
 

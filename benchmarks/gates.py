@@ -120,6 +120,7 @@ def executions(token: FencingToken, run: str, calls: int) -> Iterator[Execution]
 def redis_group(run: str, calls: int) -> Iterator[Group]:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
     gate = RedisGate(client, prefix=f"{run}:fencing")
+    gate.arm(0)  # a private, new store
     token = FencingToken(f"{run}:{{acct}}", 5)
     gated_key, plain_key = f"{run}:{{acct}}:gated", f"{run}:{{acct}}:plain"
     once_key = f"{run}:{{acct}}:once"

@@ -18,6 +18,7 @@ from ._version import __version__
 from .context import current_token, resolve_token, token_context
 from .exceptions import (
     AlreadyAppliedError,
+    BelowFloorError,
     EffectPendingError,
     FencingConfigurationError,
     FencingError,
@@ -30,6 +31,7 @@ from .exceptions import (
     ResourceMismatchError,
     StaleETagError,
     StaleTokenError,
+    StoreUnarmedError,
     TokenUnavailableError,
 )
 from .gates.memory import MemoryGate
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyAppliedError",
+    "BelowFloorError",
     "Decision",
     "DjangoGate",
     "EffectPendingError",
@@ -91,6 +94,7 @@ __all__ = [
     "StaleETagError",
     "StaleState",
     "StaleTokenError",
+    "StoreUnarmedError",
     "TokenSigner",
     "TokenSource",
     "TokenUnavailableError",

@@ -112,6 +112,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_worker_flags(doctor)
 
+    arm = sub.add_parser(
+        "arm",
+        help="give Redis stores a floor: after they lost their data (a restart without persistence), or new",
+        description="A Redis store without its floor refuses every token (it is new, or it forgot its marks). "
+        "arm sets the floor of each --gate to a token minted now from --source (or to --floor), so that every "
+        "token minted before is refused and every later one passes. A floor is only ever raised. Fenced tasks "
+        "arm their stores by themselves; this is for gates without a source.",
+    )
+    arm.add_argument("--source", metavar="URL", help="the token source the workers use (mints the floor)")
+    arm.add_argument(
+        "--gate",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a RedisGate's store (redis://...) or the fenced result backend's (fenced+redis://...); repeatable",
+    )
+    arm.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
+    arm.add_argument("--floor", metavar="N", type=int, help="this floor instead of a minted one (0: a new store)")
+
     for name, summary, description in (
         (
             "rebase",
@@ -330,6 +349,39 @@ def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
     return code
 
 
+def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
+    from .operations.urls import OpenedGate, gate_from_url, redact
+
+    if not args.gate:
+        raise FencingConfigurationError("arm needs at least one --gate URL (a Redis store)")
+    if (args.source is None) == (args.floor is None):
+        raise FencingConfigurationError("arm needs exactly one of --source (mint the floor) and --floor N")
+    opened: list[OpenedGate] = []
+    try:
+        for url in args.gate:
+            gate = gate_from_url(url, redis_prefix=args.redis_prefix)
+            opened.append(gate)
+            if not callable(getattr(gate.gate, "arm", None)):
+                raise FencingConfigurationError(f"{redact(url)!r} is no Redis store: only Redis stores have floors")
+        floor = args.floor
+        if floor is None:
+            from .gates.redis_floor import mint_floor
+            from .sources import token_source_from_url
+
+            source = token_source_from_url(args.source)
+            try:
+                floor = mint_floor(source)
+            finally:
+                source.close()
+        for gate in opened:
+            armable: Any = gate.gate
+            out.write(f"{gate.label}: floor {armable.arm(floor)}\n")
+    finally:
+        for gate in opened:
+            gate.close()
+    return EXIT_OK
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip()]
@@ -357,6 +409,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
             return _run_inspect(args, out)
         if args.command == "doctor":
             return _run_doctor(args, out)
+        if args.command == "arm":
+            return _run_arm(args, out)
         if args.command in ("rebase", "repair"):
             return _run_admin(args, out)
         raise _UsageError(f"unknown command {args.command!r}")

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from .exceptions import InvalidTokenError, LeaseLostError, ResourceMismatchError
-from .protocols import TokenVerifier
+from .protocols import TokenSource, TokenVerifier
 from .token import FencingToken, validate_resource
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "applied_record",
     "current_execution",
     "current_token",
+    "floor_source",
     "fence_state_ttl_ms",
     "resolve_token",
     "token_context",
@@ -83,12 +84,20 @@ class Execution:
     #: The execution's body returned and its result write is to seal the task (no
     #: callbacks to send first, so the seal rides on that write: one round trip less).
     seals_with_result: bool = False
+    #: Where a gate that finds its store unarmed (new, or it lost its marks) takes
+    #: the floor from: the worker's token source. ``None`` outside a fenced task.
+    floor_source: TokenSource | None = None
+    # applied_record(), made once: every gated write of the execution asks for it.
+    _record: AppliedRecord | None = field(default=None, init=False, repr=False, compare=False)
 
     def applied_record(self) -> AppliedRecord | None:
         """The record a gate writes with this execution's effects, or ``None`` without exactly-once."""
         if not self.once or not self.task_id:
             return None
-        return AppliedRecord(self.task_id, self.execution_id, self.once_retention)
+        record = self._record
+        if record is None or record.task_id != self.task_id:
+            record = self._record = AppliedRecord(self.task_id, self.execution_id, self.once_retention)
+        return record
 
 
 _current: ContextVar[Execution | None] = ContextVar("celery_fencing_current_execution", default=None)
@@ -107,7 +116,8 @@ def applied_record(token: FencingToken) -> AppliedRecord | None:
     records nothing.
     """
     execution = _current.get()
-    if execution is None or not execution.once or execution.token != token:
+    # Identity first: the gates pass the execution's own token object, and == compares every field.
+    if execution is None or not execution.once or (execution.token is not token and execution.token != token):
         return None
     return execution.applied_record()
 
@@ -119,7 +129,9 @@ def fence_state_ttl_ms(token: FencingToken) -> int:
     resource (a task id).
     """
     execution = _current.get()
-    if execution is None or execution.transient_retention is None or execution.token != token:
+    if execution is None or execution.transient_retention is None:
+        return 0
+    if execution.token is not token and execution.token != token:
         return 0
     return _milliseconds(execution.transient_retention)
 
@@ -127,6 +139,12 @@ def fence_state_ttl_ms(token: FencingToken) -> int:
 def _milliseconds(seconds: float) -> int:
     """Whole milliseconds, at least 1: what Redis' ``PX`` takes (0 would mean no expiry to us)."""
     return max(1, round(seconds * 1000))
+
+
+def floor_source() -> TokenSource | None:
+    """The token source of the fenced execution in progress, from which a gate may arm its store; or ``None``."""
+    execution = _current.get()
+    return None if execution is None else execution.floor_source
 
 
 def current_token() -> FencingToken | None:
@@ -184,8 +202,11 @@ def resolve_token(
             f"expected a FencingToken, not {type(token).__name__}: {token!r:.60}; "
             "a bare number carries no resource and cannot be checked"
         )
-    # Re-validate: a frozen dataclass can still be mutated with object.__setattr__.
-    checked = FencingToken(token.resource, token.value, token.grantor, token.signature)
+    if execution is not None and token is execution.token:
+        checked = token  # the execution's own token, validated when it was minted: every gate call passes it
+    else:
+        # Re-validate: a frozen dataclass can still be mutated with object.__setattr__.
+        checked = FencingToken(token.resource, token.value, token.grantor, token.signature)
     if resource is not None and validate_resource(resource) != checked.resource:
         raise ResourceMismatchError(
             f"token for resource {checked.resource!r} presented for resource {resource!r}",

@@ -173,6 +173,27 @@ class StaleTokenError(FencingError):
         self.high_water = high_water
 
 
+class BelowFloorError(StaleTokenError):
+    """A store refused a token minted before the store's floor: the store had lost its marks since.
+
+    Nothing was written. A store that found itself without its floor (a Redis
+    restarted without persistence, a flush) was re-armed with a token minted
+    afterwards, and refuses every lower token: it cannot tell which of them a
+    newer execution overtook. This is not news of a newer execution: a fenced
+    task mints a fresh token and runs again. ``high_water`` is the floor.
+    """
+
+    def __init__(
+        self, message: str = "", *, resource: str | None = None, token: int | None = None, floor: int | None = None
+    ) -> None:
+        if not message:
+            message = (
+                f"fencing token {token} for resource {resource!r} is below the store's floor {floor}: "
+                "the store was armed (new, or it had lost its marks) after this token was minted"
+            )
+        super().__init__(message, resource=resource, token=token, high_water=floor)
+
+
 class StaleETagError(StaleTokenError):
     """A conditional HTTP write (``If-Match``) was refused with ``412 Precondition Failed``.
 
@@ -270,6 +291,17 @@ class GateUnavailableError(FencingError):
     def __init__(self, message: str = "", *, gate: str | None = None) -> None:
         super().__init__(message)
         self.gate = gate
+
+
+class StoreUnarmedError(GateUnavailableError):
+    """A store holds no floor, and the gate has no token source to arm it from.
+
+    The store is new, or it lost its data (a restart without persistence, a
+    flush): its marks cannot be trusted, so it refuses every token until it is
+    armed. A gate arms it by itself from its ``source=`` or, inside a fenced
+    task, from the worker's source; otherwise run ``celery-fencing arm``.
+    Nothing was written.
+    """
 
 
 class EffectPendingError(FencingError):

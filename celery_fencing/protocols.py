@@ -13,7 +13,7 @@ from .token import FencingToken
 if TYPE_CHECKING:
     from .context import Execution
 
-__all__ = ["AppliedRecords", "FencedResultStore", "Gate", "TokenSource", "TokenVerifier"]
+__all__ = ["AppliedRecords", "FencedResultStore", "FlooredStore", "Gate", "TokenSource", "TokenVerifier"]
 
 
 @runtime_checkable
@@ -107,6 +107,20 @@ class FencedResultStore(Protocol):
 
     def seal_result(self, task_id: str, execution: Execution) -> None:
         """Make *execution* the one whose result stands; ``AlreadyAppliedError`` when another sealed first."""
+        ...
+
+
+@runtime_checkable
+class FlooredStore(Protocol):
+    """A store that refuses every token while it holds no floor (it is new, or it lost its marks).
+
+    A fenced task arms such a store before it mints, so that its own token
+    is above the floor; a store that loses its data later is armed by the
+    write that finds it so, and that write's token is refused as below it.
+    """
+
+    def ensure_armed(self, resource: str, source: TokenSource) -> None:
+        """Give the store of *resource* a floor minted from *source* if it has none (checked once, then cached)."""
         ...
 
 

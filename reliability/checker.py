@@ -41,12 +41,18 @@ Rules (each a count; the fenced side must have 0 of every one):
     execution that ends with ``duplicate`` has its outcome: it needs no
     retry and is not an unknown outcome.
 ``redis_*``
-    Redis and PostgreSQL must agree per resource (balance and applied task
-    ids) and the Redis log must carry strictly increasing tokens. A Redis that
-    lost its state (restart without persistence, seen as a new ``epoch``)
-    cannot agree; that is reported as ``redis_state_losses`` with the writes
-    accepted across the loss below a pre-loss token (``redis_stale_after_loss``),
-    not hidden, and not counted as a fencing violation of the library.
+    Redis and PostgreSQL must agree per resource and the Redis log must carry
+    strictly increasing tokens. Agree means: the Redis balance is the number of
+    task ids Redis applied, each of them applied in PostgreSQL too; and, for a
+    Redis that never lost its state, the same task ids and balance as
+    PostgreSQL. A Redis that lost its state (restart without persistence, seen
+    as a new ``epoch``) starts again from nothing, so only the first part can
+    hold: it is what a stale writer accepted across the loss breaks (it writes
+    a balance read before the loss). The losses are reported as
+    ``redis_state_losses``, and the writes accepted in a later epoch with a
+    token below one accepted in an earlier epoch as ``redis_stale_after_loss``:
+    the gate must refuse every such write (its floor), so both that count and
+    the disagreements are safety violations.
 
 Figures: tasks, attempts (executions: one per minted token), faults injected
 and proven, overlap windows (an execution starting while another execution of
@@ -197,7 +203,8 @@ class Figures:
             + self.balance_mismatch
             + self.redis_non_monotonic
             + self.redis_duplicates
-            + (0 if self.redis_state_losses else self.redis_disagreements)
+            + self.redis_disagreements
+            + self.redis_stale_after_loss
         )
 
     @property
@@ -442,7 +449,14 @@ def _redis_rules(obs: Observation, events: Sequence[dict[str, Any]], fig: Figure
                 fig.redis_duplicates += 1
             seen.add(task_id)
         pg_balance = obs.balances.get(resource, 0)
-        if (state.balance or 0) != pg_balance or state.applied != audit_tasks.get(resource, set()):
+        pg_applied = audit_tasks.get(resource, set())
+        if losses:
+            # Redis started again from nothing: its balance counts its own epoch's effects,
+            # each of which PostgreSQL has too.
+            agree = (state.balance or 0) == len(state.applied) and state.applied <= pg_applied
+        else:
+            agree = (state.balance or 0) == pg_balance and state.applied == pg_applied
+        if not agree:
             fig.redis_disagreements += 1
             fig.example(
                 "redis_disagreements",

@@ -36,10 +36,25 @@ from celery import states
 from celery.backends.redis import RedisBackend
 from redis.exceptions import ResponseError
 
-from ..context import Execution
-from ..exceptions import AlreadyAppliedError, GateUnavailableError, GrantorMismatchError, StaleTokenError
-from ..gates.redis import ScriptCall
-from ..gates.redis_scripts import CLAIM_RESULT_SCRIPT, SEAL_RESULT_SCRIPT, WRITE_RESULT_SCRIPT, parse_refusal
+from ..context import Execution, floor_source
+from ..exceptions import (
+    AlreadyAppliedError,
+    BelowFloorError,
+    GateUnavailableError,
+    GrantorMismatchError,
+    StaleTokenError,
+)
+from ..gates.redis_batch import ScriptCall
+from ..gates.redis_floor import arm_unarmed_store, decode_floor, encode_floor, is_unarmed_refusal
+from ..gates.redis_scripts import (
+    ARM_SCRIPT,
+    CLAIM_RESULT_SCRIPT,
+    RESULT_FLOOR_KEY,
+    SEAL_RESULT_SCRIPT,
+    WRITE_RESULT_SCRIPT,
+    parse_refusal,
+)
+from ..protocols import TokenSource
 from ..token import FencingToken, fixed_width
 from . import signals
 
@@ -74,6 +89,10 @@ def _refusal_reason(kind: str, detail: str, token: FencingToken | None) -> str:
         return "another execution of the task sealed it"
     if kind == "corrupt":
         return "the fence hash holds no valid mark"
+    if kind == "floor":
+        return f"token below the store's floor {int(detail)} (the store lost its data after the token was minted)"
+    if kind == "unarmed":
+        return "the store holds no floor (new, or it lost its data)"
     return "stale token"
 
 
@@ -81,10 +100,13 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
     """Redis result backend whose writes are checked against the task's fencing token."""
 
     fence_keyprefix = "celery-task-fence-"
+    #: The floor of the backend's store (see :mod:`celery_fencing.gates.redis_scripts`).
+    floor_key = RESULT_FLOOR_KEY
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._scripts: tuple[int, Any, Any, Any] | None = None
+        self._scripts: tuple[int, Any, Any, Any, Any] | None = None
+        self._armed_client: int | None = None  # id() of the client whose store was seen armed
 
     def _registered(self) -> tuple[Any, Any, Any]:
         """The write, claim and seal scripts, bound to the current client."""
@@ -97,6 +119,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
                 client.register_script(WRITE_RESULT_SCRIPT),
                 client.register_script(CLAIM_RESULT_SCRIPT),
                 client.register_script(SEAL_RESULT_SCRIPT),
+                client.register_script(ARM_SCRIPT),
             )
         return self._scripts[1], self._scripts[2], self._scripts[3]
 
@@ -109,6 +132,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             if global_keyprefix[-1] not in ":_-.":
                 global_keyprefix += "_"
             self.fence_keyprefix = f"{global_keyprefix}{self.fence_keyprefix}"
+            self.floor_key = f"{global_keyprefix}{self.floor_key}"
 
     def get_key_for_fence(self, task_id: str) -> str:
         """The fence hash's key: beside the result key, under the same global prefix."""
@@ -123,6 +147,31 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         expires = self.failure_expires if state == states.FAILURE else self.expires
         return int(expires or 0)
 
+    def arm(self, floor: int | FencingToken) -> int:
+        """Operator: set the store's floor to *floor*, unless it holds a higher one; return the floor in force.
+
+        As :meth:`RedisGate.arm <celery_fencing.RedisGate.arm>`: results with
+        a token below the floor are refused. A fenced task arms an unarmed
+        store by itself, from the worker's source.
+        """
+        stored = encode_floor(floor)
+        arm = self._registered_arm()
+        return decode_floor(self.ensure(arm, ([self.floor_key], [stored, 0])))
+
+    def ensure_armed(self, resource: str, source: TokenSource) -> None:
+        """Arm the store from *source* if it has no floor, once per client (see ``FlooredStore``)."""
+        client = self.client
+        if self._armed_client == id(client):
+            return
+        if not self.ensure(client.exists, (self.floor_key,)):
+            arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
+        self._armed_client = id(client)
+
+    def _registered_arm(self) -> Any:
+        self._registered()
+        assert self._scripts is not None
+        return self._scripts[4]
+
     def claim_result(self, task_id: str, token: FencingToken) -> None:
         """Raise the result's mark to *token* at the start of a fenced execution.
 
@@ -131,8 +180,8 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
         _, claim, _ = self._registered()
-        keys, args = [self.get_key_for_fence(task_id)], self._claim_args(token)
-        self._check_reply(self._call(claim, keys, args), task_id, token)
+        keys, args = [self.get_key_for_fence(task_id), self.floor_key], self._claim_args(token)
+        self._check_reply(self._call(claim, keys, args, floor_source()), task_id, token)
 
     def claim_result_call(self, task_id: str, token: FencingToken) -> ScriptCall:
         """:meth:`claim_result`, prepared to share a round trip with a gate's claim on the same Redis.
@@ -152,7 +201,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         return ScriptCall(
             self.client,
             claim,
-            [self.get_key_for_fence(task_id)],
+            [self.get_key_for_fence(task_id), self.floor_key],
             self._claim_args(token),
             check,
             lambda: self.claim_result(task_id, token),
@@ -174,16 +223,26 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         _, _, seal = self._registered()
         token = execution.token
         args = [*self._claim_args(token), execution.execution_id]
-        self._check_reply(self._call(seal, [self.get_key_for_fence(task_id)], args), task_id, token)
+        keys = [self.get_key_for_fence(task_id), self.floor_key]
+        self._check_reply(self._call(seal, keys, args, execution.floor_source), task_id, token)
 
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        """Run *script* with Celery's connection retries; a refusal comes back as its ResponseError."""
-        try:
-            return self.ensure(script, (keys, args))
-        except ResponseError as exc:
-            if parse_refusal(str(exc)) is None:
-                raise
-            return exc
+    def _call(self, script: Any, keys: list[str], args: list[Any], source: TokenSource | None) -> Any:
+        """Run *script* with Celery's connection retries; a refusal comes back as its ResponseError.
+
+        A store without its floor is armed from *source* first, then the
+        script runs once more (and then refuses the token as below the floor,
+        unless it was minted after it).
+        """
+        for attempt in (1, 2):
+            try:
+                return self.ensure(script, (keys, args))
+            except ResponseError as exc:
+                if parse_refusal(str(exc)) is None:
+                    raise
+                if attempt == 2 or not is_unarmed_refusal(exc):
+                    return exc
+            arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _claim_args(self, token: FencingToken) -> list[Any]:
         return [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
@@ -197,6 +256,8 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             return
         kind, detail = refusal
         mark = int(detail) if detail.isdigit() else None
+        if kind == "floor" and mark is not None:
+            raise BelowFloorError(resource=token.resource, token=token.value, floor=mark)
         if kind in ("applied", "superseded"):
             raise AlreadyAppliedError(
                 f"task {task_id} is done: another execution of it sealed its result",
@@ -235,7 +296,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         token = _token_of(request)
         execution = _execution_of(request) if token else None
         write, _, _ = self._registered()
-        keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id)]
+        keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id), self.floor_key]
         args = [
             encoded,
             fixed_width(token.value) if token else "",
@@ -248,7 +309,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             execution.execution_id if execution is not None else "-",
             "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
         ]
-        reply = self._call(write, keys, args)
+        reply = self._call(write, keys, args, execution.floor_source if execution is not None else None)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
         if refusal is not None:
             kind, detail = refusal

@@ -45,6 +45,7 @@ from celery.exceptions import Ignore, Reject
 from ..context import Execution, token_context
 from ..exceptions import (
     AlreadyAppliedError,
+    BelowFloorError,
     EffectPendingError,
     FencingConfigurationError,
     FencingError,
@@ -55,7 +56,7 @@ from ..exceptions import (
     TokenUnavailableError,
 )
 from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleState, decide, policy_from_setting
-from ..protocols import FencedResultStore, Gate
+from ..protocols import FencedResultStore, FlooredStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
 from .options import check_task_options
@@ -180,8 +181,71 @@ class FencedTask(Task):  # type: ignore[misc]
         runtime = runtime_for(self.app)
         source = runtime.source()
         mode = self.fencing_mode or settings.mode
-        held: HeldLease | None = None
         started = time.monotonic()
+        self._arm_stores(runtime, source, resource, resource_is_task_id, settings)
+        remint = mode != "exclusive"  # once: a token below a store's floor (the store was just armed)
+        while True:
+            execution = self._mint_execution(runtime, source, resource, resource_is_task_id, settings, mode, started)
+            try:
+                with token_context(execution):  # the gates read the execution's retention from it
+                    self._claim(runtime, execution.token, request, batch=resource_is_task_id)
+            except BelowFloorError as exc:
+                # The store had lost its marks (or was new) and was armed with a floor minted
+                # after this token: not a newer execution. Mint a fresh token (above the floor).
+                self._end(execution, keep_lease=False)
+                if remint:
+                    remint = False
+                    logger.info("task %s[%s]: %s; minting a fresh token", self.name, request.id, exc)
+                    continue
+                self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
+            except AlreadyAppliedError as exc:
+                # The task was sealed by another execution: it is done, nothing to run.
+                self._end(execution, keep_lease=False)
+                self._already_applied(exc, resource, phase="claim", finish=False)
+            except _FENCED_OUT as exc:
+                self._end(execution, keep_lease=False)
+                self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
+            except GateUnavailableError as exc:
+                # A gate's store is down (restarting, unreachable): not a newer execution.
+                # Retry with backoff like an unavailable grantor; failing here would be out
+                # of reach of autoretry_for, and acks_late would then lose the task.
+                self._end(execution, keep_lease=False)
+                self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
+            except BaseException:
+                self._end(execution, keep_lease=False)
+                raise
+            return execution
+
+    def _arm_stores(
+        self, runtime: FencingRuntime, source: Any, resource: str, resource_is_task_id: bool, settings: FencingSettings
+    ) -> None:
+        """Give the task's stores a floor, before the token is minted, where they have none (once per process).
+
+        A store without its floor (new, or it lost its data) refuses every token;
+        armed now, from the worker's source, the token minted next passes it.
+        """
+        stores: list[Any] = [gate for gate in runtime.gates(self) if isinstance(gate, FlooredStore)]
+        if not self.request.ignore_result and isinstance(self.backend, FlooredStore):
+            stores.append(self.backend)
+        try:
+            for store in stores:
+                store.ensure_armed(resource, source)
+        except (GateUnavailableError, TokenUnavailableError) as exc:
+            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
+
+    def _mint_execution(
+        self,
+        runtime: FencingRuntime,
+        source: Any,
+        resource: str,
+        resource_is_task_id: bool,
+        settings: FencingSettings,
+        mode: str,
+        started: float,
+    ) -> Execution:
+        """Mint (or lease) a token for *resource* and make the execution that carries it current on the request."""
+        request = self.request
+        held: HeldLease | None = None
         try:
             if mode == "exclusive":
                 lease_factory = getattr(source, "lease", None)
@@ -211,6 +275,7 @@ class FencedTask(Task):  # type: ignore[misc]
             once_retention=settings.once_retention,
             # A task id is never fenced again once its task is done: its fence state expires with the records.
             transient_retention=settings.once_retention if resource_is_task_id else None,
+            floor_source=source,
         )
         request.fencing_token = token
         request.fencing_execution = execution
@@ -222,25 +287,6 @@ class FencedTask(Task):  # type: ignore[misc]
             sender=self, task_id=request.id, token=token, mode=mode, duration=time.monotonic() - started
         )
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
-        try:
-            with token_context(execution):  # the gates read the execution's retention from it
-                self._claim(runtime, token, request, batch=resource_is_task_id)
-        except AlreadyAppliedError as exc:
-            # The task was sealed by another execution: it is done, nothing to run.
-            self._end(execution, keep_lease=False)
-            self._already_applied(exc, resource, phase="claim", finish=False)
-        except _FENCED_OUT as exc:
-            self._end(execution, keep_lease=False)
-            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
-        except GateUnavailableError as exc:
-            # A gate's store is down (restarting, unreachable): not a newer execution.
-            # Retry with backoff like an unavailable grantor; failing here would be out
-            # of reach of autoretry_for, and acks_late would then lose the task.
-            self._end(execution, keep_lease=False)
-            self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
-        except BaseException:
-            self._end(execution, keep_lease=False)
-            raise
         return execution
 
     def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any, batch: bool) -> None:
@@ -273,7 +319,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 if claim_result is not None:
                     claim_result(request.id, token)
         if batched:
-            from ..gates.redis import run_script_calls
+            from ..gates.redis_batch import run_script_calls
 
             run_script_calls(batched)
 
@@ -325,19 +371,11 @@ class FencedTask(Task):  # type: ignore[misc]
             self._already_applied(exc, execution.token.resource, phase="body", finish=not exc.superseded)
             self._seal(execution)
             return None
-        except _FENCED_OUT as exc:
-            keep_lease = False
-            self._fenced_out(
-                exc,
-                execution.token.resource,
-                bool(request.get("fencing_resource_is_task_id")),
-                self._settings(),
-                phase="body",
-            )
-        except EffectPendingError as exc:
-            # Another execution claimed this effect's idempotency key and has recorded no
-            # outcome (yet): not a newer execution, so not for the stale policy. Retry with
-            # backoff: the repeat finds the outcome, or fails once retries run out.
+        except (BelowFloorError, EffectPendingError) as exc:
+            # Not a newer execution, so not for the stale policy: a store lost its marks while
+            # this execution ran (the repeat mints a token above its floor), or another execution
+            # claimed this effect's idempotency key and has recorded no outcome yet (the repeat
+            # finds the outcome). Retry with backoff, or fail once retries run out.
             keep_lease = False
             self._fenced_out(
                 exc,
@@ -346,6 +384,15 @@ class FencedTask(Task):  # type: ignore[misc]
                 self._settings(),
                 phase="body",
                 unavailable=True,
+            )
+        except _FENCED_OUT as exc:
+            keep_lease = False
+            self._fenced_out(
+                exc,
+                execution.token.resource,
+                bool(request.get("fencing_resource_is_task_id")),
+                self._settings(),
+                phase="body",
             )
         except FencingError:
             keep_lease = False

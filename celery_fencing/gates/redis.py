@@ -7,71 +7,46 @@ The story it prevents::
     t=41  A resumes and writes 105 with token 33: the script sees 33 < 34 and
           refuses; nothing changes, and A gets StaleTokenError(high_water=34)
 
-Every write is one Lua script (``EVALSHA``; redis-py reloads it on ``NOSCRIPT``)
-that checks the token and writes the data atomically, so no other command can
-run between the check and the write. The scripts and their one fence check
-live in :mod:`celery_fencing.gates.redis_scripts`.
+Every write is one Lua script (``EVALSHA``, loaded again after ``NOSCRIPT``)
+that checks the token and writes the data atomically. The scripts and their
+one fence check live in :mod:`~celery_fencing.gates.redis_scripts`, the key
+names and the mark encoding in :mod:`~celery_fencing.gates.redis_keys`, the
+store's floor in :mod:`~celery_fencing.gates.redis_floor`, and the batching
+of claims in :mod:`~celery_fencing.gates.redis_batch`. docs/gates.md gives the
+key layout, the lifetimes and the cost.
 
-Key layout, for a gate with ``prefix="fencing"``:
+The checks run in one order: floor, owner, grantor, applied, stale. Marks are
+compared as equal-width digit strings, never as Lua numbers (doubles, exact
+only below 2**53). A token of another grantor is refused with
+:class:`~celery_fencing.GrantorMismatchError`; a mark without a grantor adopts
+the grantor of the first token that passes it. Inside a fenced task with
+exactly-once on, every gated write also records "task T applied on resource
+R by execution E" in the same script; another execution of T is then refused
+with :class:`~celery_fencing.AlreadyAppliedError`. A domain resource's fence
+state is kept for good; a task-id resource's expires with the task's retention.
 
-==================================  ==============================================
-``fencing:mark:<resource>``         the resource's high-water mark: a 20-digit,
-                                    zero-padded decimal string
-``fencing:grantor:<resource>``      the grantor id the mark belongs to (absent
-                                    until a token with a grantor passes the mark)
-``fencing:owner:<key>``             the resource a data key is bound to, set on
-                                    the key's first gated write
-``fencing:applied:<resource>:<id>`` ``<token>:<execution id>`` of the execution
-                                    of task ``<id>`` that applied on the resource
-                                    (exactly once; expires after the execution's
-                                    retention)
-``<key>``                           your data, untouched by the gate's naming
-==================================  ==============================================
+Persistence and the floor: a Redis without AOF forgets its marks on restart,
+and so does a flushed one. Every script also reads the store's floor, which
+goes with them: a store without it refuses every token until it is armed with
+a token minted after the loss (from the gate's ``source``, or inside a fenced
+task the worker's), so every token minted before is refused with
+:class:`~celery_fencing.BelowFloorError`. A gate without a source raises
+:class:`~celery_fencing.StoreUnarmedError` until it is armed
+(``celery-fencing arm``, :meth:`RedisGate.arm`).
 
-Lifetimes: a domain resource's mark, grantor and owner keys are kept for
-good (they are what refuses a stale writer). Inside a fenced task whose
-resource is its task id, they expire with the task's retention
-(``fencing_once_retention``): a task id is never fenced again once its task
-is done.
-
-Exactly once: inside a fenced task (``fencing_once``, on by default), every
-gated write also records "task id T applied on resource R by execution E" in
-the same script. Another execution of T that writes R afterwards (a
-re-delivered copy, the retry of a refused copy) is refused with
-:class:`~celery_fencing.AlreadyAppliedError` and changes nothing. The checks
-run in one order: owner, grantor, applied, stale.
-
-Marks are compared as equal-width digit strings, never as Lua numbers: Lua
-numbers are doubles, exact only below 2**53 (2**53 + 1 compares equal to
-2**53), and tokens go up to 2**63 - 1. Grantor ids are compared exactly, in
-the same script: a token of another grantor is refused with
-:class:`~celery_fencing.GrantorMismatchError`, checked before its value (a
-wiped grantor's tokens are also low, and the mismatch is the news). A mark
-without a grantor key (written by tokens without a grantor, or by an older
-version of this library) adopts the grantor of the first token that passes it.
-
-Redis Cluster: a script may only touch keys of one hash slot. Put one hash tag
-in the resource and in every data key of that resource: with resource
-``"account:{42}"`` and data key ``"account:{42}:balance"``, the mark key
-``fencing:mark:account:{42}`` and the owner key ``fencing:owner:account:{42}:balance``
-hash to the data key's slot. The prefix must therefore contain no braces.
-
-Persistence: the marks are ordinary keys. Without AOF (or RDB snapshots), a
-restart forgets them together with the data in the same Redis, which stays
-coherent; but marks in a Redis without persistence that guard data stored
-elsewhere are unsafe: after a restart the gate accepts a stale token.
+Redis Cluster: a script touches one hash slot; put one hash tag in the
+resource and the same tag in every data key of it (``"account:{42}"``,
+``"account:{42}:balance"``); the prefix must contain no braces. A key outside
+the resource's slot is refused before any I/O.
 
 Errors: bad input raises :class:`~celery_fencing.InvalidTokenError` (tokens)
-or :class:`~celery_fencing.InvalidArgumentError` (keys, values, expiry; also a
-``TypeError`` and ``ValueError``) before any I/O. Every
-error of redis-py (connection refused, timeout, a command error such as
-``WRONGTYPE``) becomes :class:`~celery_fencing.GateUnavailableError` with the
-redis-py exception chained; the time it takes is bounded by the client's
-``socket_connect_timeout``, ``socket_timeout`` and retry policy, which the gate
-leaves to you (redis-py 8 retries a refused connection ten times with backoff
-by default). Note that redis-py also retries a command whose reply was lost:
-the gated ``set``/``hset``/``delete`` and ``claim`` are idempotent for one
-token, an ``eval`` body need not be.
+or :class:`~celery_fencing.InvalidArgumentError` (keys, values, expiry) before
+any I/O; every redis-py error becomes
+:class:`~celery_fencing.GateUnavailableError` with the driver's exception
+chained, after the client's own timeouts and retries (set
+``socket_connect_timeout``, ``socket_timeout`` and ``retry``). redis-py also
+retries a command whose reply was lost: ``set``/``hset``/``delete`` and
+``claim`` are idempotent for one token, an ``eval`` body need not be.
 
 Thread and fork safety: a gate is as safe as its client; redis-py clients are
 thread-safe and reconnect after ``fork()``.
@@ -80,28 +55,47 @@ thread-safe and reconnect after ``fork()``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..context import AppliedRecord, applied_record, fence_state_ttl_ms, resolve_token
+from ..context import AppliedRecord, applied_record, fence_state_ttl_ms, floor_source, resolve_token
 from ..exceptions import (
     AlreadyAppliedError,
+    BelowFloorError,
     FencingConfigurationError,
     GateUnavailableError,
     GrantorMismatchError,
     InvalidArgumentError,
     ResourceMismatchError,
     StaleTokenError,
+    StoreUnarmedError,
 )
-from ..protocols import TokenVerifier
+from ..protocols import TokenSource, TokenVerifier
 from ..token import FencingToken, Mark, validate_resource
+from .redis_batch import ScriptCall, run_script_calls
+from .redis_floor import (
+    FLOOR_RESOURCE,
+    arm_unarmed_store,
+    decode_floor,
+    encode_floor,
+    is_unarmed_refusal,
+    mint_floor,
+)
+from .redis_keys import (
+    MARK_WIDTH,
+    applied_key,
+    decode_mark,
+    encode_mark,
+    grantor_key,
+    hash_tag,
+    mark_key,
+    owner_key,
+)
 from .redis_scripts import (
+    ARM_SCRIPT,
     CLAIM_SCRIPT,
     DELETE_SCRIPT,
     EVAL_SCRIPT_TEMPLATE,
@@ -112,6 +106,8 @@ from .redis_scripts import (
 )
 
 __all__ = [
+    # The gate, and (re-exported from redis_keys, redis_floor and redis_batch) what its users read or batch.
+    "FLOOR_RESOURCE",
     "MARK_WIDTH",
     "RedisGate",
     "ScriptCall",
@@ -119,54 +115,15 @@ __all__ = [
     "decode_mark",
     "encode_mark",
     "grantor_key",
+    "hash_tag",
     "mark_key",
     "owner_key",
     "run_script_calls",
 ]
 
-#: Width of a stored mark: 2**63 - 1 has 19 digits, so 20 leaves room and every
-#: valid token fits. Equal width is what makes string order numeric order.
-MARK_WIDTH = 20
-
 # Bodies are wrapped and hashed once per gate; the cache is bounded so a caller
 # generating bodies cannot grow it without limit.
 _MAX_CACHED_BODIES = 256
-
-
-def mark_key(prefix: str, resource: str) -> str:
-    """Return the name of the key holding *resource*'s mark (``<prefix>:mark:<resource>``)."""
-    return f"{prefix}:mark:{resource}"
-
-
-def grantor_key(prefix: str, resource: str) -> str:
-    """Return the name of the key holding the grantor id of *resource*'s mark (``<prefix>:grantor:<resource>``)."""
-    return f"{prefix}:grantor:{resource}"
-
-
-def applied_key(prefix: str, resource: str, task_id: str) -> str:
-    """Return the name of the key recording which execution of task *task_id* applied on *resource*."""
-    return f"{prefix}:applied:{resource}:{task_id}"
-
-
-def owner_key(prefix: str, key: str) -> str:
-    """Return the name of the key recording which resource owns data key *key*."""
-    return f"{prefix}:owner:{key}"
-
-
-def encode_mark(value: int) -> str:
-    """Return *value* as a stored mark: 20 zero-padded decimal digits."""
-    return f"{value:0{MARK_WIDTH}d}"
-
-
-def decode_mark(raw: str | bytes) -> int:
-    """Parse a stored mark.
-
-    :raises GateUnavailableError: the key does not hold a mark written by a gate.
-    """
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if len(text) != MARK_WIDTH or not text.isdigit() or not text.isascii():
-        raise GateUnavailableError(f"mark key holds {text!r:.40}, not a {MARK_WIDTH}-digit mark", gate="RedisGate")
-    return int(text)
 
 
 class RedisGate:
@@ -185,23 +142,38 @@ class RedisGate:
         owners). It must contain no ``{`` or ``}``, which would capture the hash tag.
     :param verifier: checks every token's origin before it is used (signed
         mode, plausibility bound), before any I/O; see :mod:`celery_fencing.signing`.
+    :param source: the token source the gate takes a floor from when it finds
+        its store unarmed (new, or it lost its data). Without it, a fenced
+        task's worker source is used, and elsewhere the gate raises
+        :class:`~celery_fencing.StoreUnarmedError` until the store is armed.
     :raises FencingConfigurationError: for a bad prefix.
 
     Token ``None`` means the current token (:func:`~celery_fencing.current_token`).
     """
 
-    def __init__(self, client: Any, *, prefix: str = "fencing", verifier: TokenVerifier | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "fencing",
+        verifier: TokenVerifier | None = None,
+        source: TokenSource | None = None,
+    ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise FencingConfigurationError(f"RedisGate prefix must be a non-empty str without braces, not {prefix!r}")
         self.client = client
         self.prefix = prefix
         self.verifier = verifier
+        self.source = source
         # A cluster client: every key of one script must hash to the resource's slot, checked before any I/O.
         self._cluster = _is_cluster_client(client)
         self._mark_prefix = f"{prefix}:mark:"
         self._grantor_prefix = f"{prefix}:grantor:"
         self._owner_prefix = f"{prefix}:owner:"
         self._applied_prefix = f"{prefix}:applied:"
+        self._floor_key = f"{prefix}:floor"
+        # Floor keys seen armed (ensure_armed): after that the scripts alone watch them.
+        self._armed: set[str] = set()
         # register_script only hashes the source: no I/O here, and once per
         # gate rather than per call. _run sends EVALSHA and loads the source
         # again after a NOSCRIPT (SCRIPT FLUSH, a restart, a failover to a
@@ -213,6 +185,7 @@ class RedisGate:
         self._hset_script: Any = client.register_script(HSET_SCRIPT)
         self._delete_script: Any = client.register_script(DELETE_SCRIPT)
         self._reset_script: Any = client.register_script(RESET_SCRIPT)
+        self._arm_script: Any = client.register_script(ARM_SCRIPT)
         self._bodies: dict[str, Any] = {}
 
     # Key names ----------------------------------------------------------------
@@ -229,14 +202,29 @@ class RedisGate:
         """Return the name of the key recording the resource that owns data key *key*."""
         return self._owner_prefix + key
 
+    def floor_key(self, resource: str) -> str:
+        """Return the name of the key holding the floor that guards *resource*.
+
+        One per store; in a cluster, one per hash tag (``<prefix>:floor:{<tag>}``),
+        so that it lives in the resource's slot and is lost with its marks.
+        """
+        if self._cluster:
+            tag = hash_tag(resource)
+            if tag is not None:
+                return f"{self._floor_key}:{{{tag}}}"
+        return self._floor_key
+
     def _checked(self, token: FencingToken | None) -> FencingToken:
         return resolve_token(token, verifier=self.verifier)
 
     def _mark_keys(self, token: FencingToken) -> list[str]:
         return [self._mark_prefix + token.resource, self._grantor_prefix + token.resource]
 
+    def _claim_keys(self, token: FencingToken) -> list[str]:
+        return [*self._mark_keys(token), self.floor_key(token.resource)]
+
     def _fence_keys(self, token: FencingToken, record: AppliedRecord | None) -> list[str]:
-        """KEYS[1..3] of a write script: mark, grantor and applied-record keys."""
+        """KEYS[1..4] of a write script: mark, grantor, applied-record and floor keys."""
         # Without a record the script reads the applied key's slot but never writes it:
         # the name still carries the resource, so it hashes to the resource's slot.
         task_id = record.task_id if record is not None else ""
@@ -244,6 +232,7 @@ class RedisGate:
             self._mark_prefix + token.resource,
             self._grantor_prefix + token.resource,
             self._applied_key(token.resource, task_id),
+            self.floor_key(token.resource),
         ]
 
     def _applied_key(self, resource: str, task_id: str) -> str:
@@ -268,7 +257,7 @@ class RedisGate:
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
         checked = self._checked(token)
-        keys = self._mark_keys(checked)
+        keys = self._claim_keys(checked)
         self._check_slots(checked, keys)
         self._run(self._claim_script, checked, keys, _claim_args(checked))
 
@@ -278,7 +267,7 @@ class RedisGate:
         The token is resolved, validated and verified here, before any I/O.
         """
         checked = self._checked(token)
-        keys = self._mark_keys(checked)
+        keys = self._claim_keys(checked)
         args = _claim_args(checked)
 
         def check(reply: Any) -> None:
@@ -497,112 +486,102 @@ class RedisGate:
         # the plain command, so it stays lean.
         try:
             try:
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                # The server lost its script cache (SCRIPT FLUSH, restart, failover):
-                # load the source again, once, and retry.
-                script.sha = self.client.script_load(script.script)
-                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+                return self._evalsha(script, keys, args)
+            except ResponseError as exc:
+                if not is_unarmed_refusal(exc):
+                    raise
+            # The store holds no floor: arm it, then run the call once more. Its token,
+            # minted before the floor, is then refused as below it, unless the
+            # store was armed meanwhile by someone whose floor is lower.
+            self._arm_unarmed(token)
+            return self._evalsha(script, keys, args)
         except DataError as exc:
             # A value redis-py cannot encode: the caller's bug, raised before any I/O.
             raise InvalidArgumentError(f"a value redis-py cannot send: {exc}") from exc
         except RedisError as exc:
             _raise_for(exc, token, record)
 
+    def _evalsha(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # The server lost its script cache (SCRIPT FLUSH, restart, failover):
+            # load the source again, once, and retry.
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    def _arm_unarmed(self, token: FencingToken) -> None:
+        """Arm the store of *token*'s resource with a floor minted now, from the gate's or the task's source."""
+        source = self.source if self.source is not None else floor_source()
+        try:
+            arm_unarmed_store(self._arm_script, self.floor_key(token.resource), source, "RedisGate")
+        except RedisError as exc:
+            _unavailable(exc)
+
+    def arm(self, floor: int | FencingToken | None = None, *, resource: str = FLOOR_RESOURCE) -> int:
+        """Set the store's floor, unless it holds a higher one; return the floor in force.
+
+        Every token below the floor is refused from then on. Without *floor*,
+        a token minted now from the gate's ``source`` is the floor: do this
+        before minting for a new store, and after a store lost its data. An
+        explicit 0 says the store is new and refuses nothing; a token (minted
+        by the workers' source) bounds its grantor's tokens. In a cluster the
+        floor is per hash tag: *resource* names the tag.
+
+        :raises InvalidArgumentError: *floor* is not an int in 0 .. 2**63 - 1.
+        :raises FencingConfigurationError: no *floor*, and the gate has no source.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        if floor is None:
+            if self.source is None:
+                raise FencingConfigurationError("RedisGate.arm() without a floor needs the gate's source=")
+            floor = mint_floor(self.source)
+        stored = encode_floor(floor)
+        validate_resource(resource)
+        return self._arm(resource, stored, only_if_unarmed=False)
+
+    def ensure_armed(self, resource: str, source: TokenSource | None = None) -> None:
+        """Arm the store of *resource* from *source* (else the gate's) if it has no floor; once per floor key.
+
+        A fenced task calls this before it mints, so its token is above a
+        floor set now. Later losses are the scripts' to find.
+
+        :raises StoreUnarmedError: the store is unarmed and there is no source.
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        key = self.floor_key(resource)
+        if key in self._armed:
+            return
+        try:
+            if not self.client.exists(key):
+                arm_unarmed_store(self._arm_script, key, source or self.source, "RedisGate")
+        except RedisError as exc:
+            _unavailable(exc)
+        if len(self._armed) >= _MAX_CACHED_BODIES:
+            self._armed.clear()
+        self._armed.add(key)
+
+    def floor(self, resource: str = FLOOR_RESOURCE) -> int | None:
+        """Return the store's floor (of *resource*'s hash tag in a cluster), or ``None`` when it is unarmed.
+
+        :raises GateUnavailableError: Redis failed or could not be reached.
+        """
+        validate_resource(resource)
+        try:
+            raw = self.client.get(self.floor_key(resource))
+        except RedisError as exc:
+            _unavailable(exc)
+        return None if raw is None else decode_floor(raw)
+
+    def _arm(self, resource: str, stored: str, *, only_if_unarmed: bool) -> int:
+        try:
+            raw = self._arm_script(keys=[self.floor_key(resource)], args=[stored, int(only_if_unarmed)])
+        except RedisError as exc:
+            _unavailable(exc)
+        return decode_floor(raw)
+
     def __repr__(self) -> str:
         return f"RedisGate({self.client!r}, prefix={self.prefix!r})"
-
-
-@dataclass(frozen=True)
-class ScriptCall:
-    """One Lua script call, prepared so that calls bound for one Redis server share a round trip.
-
-    ``check`` interprets the call's reply (or the error object a pipeline
-    returns in its place) and raises what the unbatched call would raise;
-    ``fallback`` is the unbatched call itself, used when the batch gave no
-    usable reply (the server lost its script cache, the connection failed).
-    """
-
-    client: Any
-    script: Any
-    keys: list[str]
-    args: list[Any]
-    check: Callable[[Any], None]
-    fallback: Callable[[], None]
-
-
-def run_script_calls(calls: Sequence[ScriptCall]) -> None:
-    """Run *calls*, those bound for the same Redis server pipelined in one round trip.
-
-    Each script stays atomic on its own; the calls are not one transaction:
-    every call runs even when an earlier one is refused, so batch only calls
-    for which that is harmless (a fenced task batches only the claims of a
-    task-id resource). A call alone for its server is sent on its own.
-    Replies are checked in the order of *calls*, and the first error is raised.
-    """
-    groups: dict[object, list[int]] = {}
-    for index, call in enumerate(calls):
-        groups.setdefault(_server_of(call.client, index), []).append(index)
-    replies: list[Any] = [_UNSENT] * len(calls)
-    for indexes in groups.values():
-        if len(indexes) < 2:
-            continue
-        pipe = calls[indexes[0]].client.pipeline(transaction=False)
-        for index in indexes:
-            call = calls[index]
-            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        try:
-            for index, reply in zip(indexes, pipe.execute(raise_on_error=False), strict=True):
-                replies[index] = reply
-        except (RedisError, ValueError, TypeError):
-            pass  # nothing usable came back: each call runs on its own below, with its own error mapping
-    for call, reply in zip(calls, replies, strict=True):
-        if reply is _UNSENT or isinstance(reply, (NoScriptError, RedisConnectionError, RedisTimeoutError)):
-            call.fallback()
-        else:
-            call.check(reply)
-
-
-_UNSENT = object()
-
-
-def _server_of(client: Any, index: int) -> object:
-    """What a pipeline on *client*'s connection would be: server, database, user and encoding.
-
-    Two clients batch together only when every setting that decides where a
-    command goes, as whom, and how it is encoded agrees (defaults normalised:
-    Celery's Redis backend leaves out what ``redis.Redis()`` spells out); a
-    credential provider or connect hook is compared by identity. Anything
-    else (a cluster or sentinel client, a pool without known settings) runs
-    alone.
-    """
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if type(client).__name__ not in ("Redis", "StrictRedis") or not isinstance(kwargs, dict):
-        return ("alone", index)
-    where = kwargs.get("path") or (kwargs.get("host"), kwargs.get("port"))
-    if not where or where == (None, None):
-        return ("alone", index)
-    hooks = tuple(id(kwargs[name]) if kwargs.get(name) is not None else None for name in _AUTH_HOOKS)
-    tls = tuple(sorted((name, repr(value)) for name, value in kwargs.items() if name.startswith("ssl")))
-    return (
-        type(pool),
-        getattr(pool, "connection_class", None),
-        where,
-        int(kwargs.get("db") or 0),
-        kwargs.get("username"),
-        kwargs.get("password"),
-        hooks,
-        tls,
-        kwargs.get("encoding") or "utf-8",
-        kwargs.get("encoding_errors") or "strict",
-        bool(kwargs.get("decode_responses")),
-        str(kwargs.get("protocol") or 2),
-    )
-
-
-# Connection settings that may authenticate or pick a database their own way.
-_AUTH_HOOKS = ("credential_provider", "redis_connect_func")
 
 
 def _raise_for(exc: RedisError, token: FencingToken, record: AppliedRecord | None = None) -> NoReturn:
@@ -614,6 +593,10 @@ def _raise_for(exc: RedisError, token: FencingToken, record: AppliedRecord | Non
 
 
 def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRecord | None) -> NoReturn:
+    if kind == "floor":
+        raise BelowFloorError(resource=token.resource, token=token.value, floor=decode_mark(detail))
+    if kind == "unarmed":
+        raise StoreUnarmedError(f"Redis holds no fencing floor for {token.resource!r}", gate="RedisGate")
     if kind == "stale":
         raise StaleTokenError(resource=token.resource, token=token.value, high_water=decode_mark(detail))
     if kind in ("applied", "superseded"):

@@ -17,7 +17,18 @@ The refusal kinds:
 ``superseded``   a newer execution of this task id applied here (detail: its token)
 ``tokenless``    a write without a token over a result that one wrote (backend)
 ``changed``      an operator's reset found the mark moved (detail: the mark, or ``-``)
+``unarmed``      the store holds no floor: it is new, or it lost its data (a restart
+                 without persistence, a flush); every token is refused until a floor
+                 is set (detail: ``-``)
+``floor``        the token is below the store's floor (detail: the floor)
 ===============  ===========================================================
+
+The floor: a store that forgot its marks would take any stale token, so each
+store (each hash tag in a Redis Cluster) keeps one key, the floor, that its
+marks depend on. It is set from a token minted after the store was found
+without it, so every token minted before the loss is below it. A store without
+the key is unarmed and refuses everything: a restart without persistence wipes
+the floor with the marks, and fails closed.
 
 Marks are compared as equal-width digit strings, never as Lua numbers: Lua
 numbers are doubles, exact only below 2**53. Lua's string comparison uses
@@ -28,6 +39,7 @@ level, so equal-width digit strings compare as their numbers do.
 from __future__ import annotations
 
 __all__ = [
+    "ARM_SCRIPT",
     "CLAIM_RESULT_SCRIPT",
     "CLAIM_SCRIPT",
     "DELETE_SCRIPT",
@@ -35,6 +47,7 @@ __all__ = [
     "FENCE_FUNCTION",
     "HSET_SCRIPT",
     "RESET_SCRIPT",
+    "RESULT_FLOOR_KEY",
     "SEAL_RESULT_SCRIPT",
     "SET_SCRIPT",
     "STORE_FUNCTION",
@@ -52,6 +65,8 @@ FENCE_FUNCTION = """\
 --              (the result backend's seal), or false
 --   execution  this execution's id; '' records and checks nothing
 --   where      the mark's key, named in a corrupt-mark refusal
+-- floored(floor, token) is checked first, by every script that checks a token:
+-- a store without its floor knows nothing, whatever its other keys say.
 -- Grantor first: a wiped grantor's tokens are low too, and the mismatch is the news.
 -- "Applied" before "stale": a refused copy of a task that another execution
 -- applied must end as done, not retry and apply again. Whether it was applied by
@@ -72,6 +87,16 @@ local function fence(mark, grantor, applied, token, token_grantor, execution, wh
   if mark and mark > token then return 'FENCED stale ' .. mark end
   return nil
 end
+-- floored(floor, token, token_grantor): the floor is "<20 digits>" or "<20 digits>:<grantor id>"
+-- (the grantor of the token it was minted as). A token of another grantor is not on
+-- its scale: it passes here, and the marks' grantor check judges it.
+local function floored(floor, token, token_grantor)
+  if not floor or #floor < 20 then return 'FENCED unarmed -' end
+  local value, floor_grantor = string.sub(floor, 1, 20), string.sub(floor, 22)
+  if floor_grantor ~= '' and token_grantor ~= '' and floor_grantor ~= token_grantor then return nil end
+  if value > token then return 'FENCED floor ' .. value end
+  return nil
+end
 """
 
 # keep(key, value, ttl): SET, with PX when ttl is not '0'. The fence state of a
@@ -88,17 +113,18 @@ CLAIM_SCRIPT = (
 -- Claim: raise the resource's mark to the token unless the mark is above it.
 -- KEYS[1] mark key of the token's resource
 -- KEYS[2] grantor key of the token's resource
+-- KEYS[3] floor key of the store (of the resource's hash tag in a cluster)
 -- ARGV[1] token, a 20-digit zero-padded decimal string
 -- ARGV[2] grantor id of the token, or '' for none
 -- ARGV[3] milliseconds the mark and grantor keys live ('0': for good)
--- returns 1 when the mark now equals the token; refusals stale, grantor, corrupt
+-- returns 1 when the mark now equals the token; refusals unarmed, floor, stale, grantor, corrupt
 """
     + FENCE_FUNCTION
     + STORE_FUNCTION
     + """\
-local state = redis.call('MGET', KEYS[1], KEYS[2])
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
 local mark, grantor = state[1], state[2]
-local refused = fence(mark, grantor, false, ARGV[1], ARGV[2], '', KEYS[1])
+local refused = floored(state[3], ARGV[1], ARGV[2]) or fence(mark, grantor, false, ARGV[1], ARGV[2], '', KEYS[1])
 if refused then return redis.error_reply(refused) end
 if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[3]) end
 if ARGV[2] ~= '' and not grantor then keep(KEYS[2], ARGV[2], ARGV[3]) end
@@ -122,29 +148,47 @@ if ARGV[4] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2],
 return 1
 """
 
+ARM_SCRIPT = """\
+-- Arm a store: give it a floor (see the module's docstring).
+-- KEYS[1] floor key
+-- ARGV[1] the floor: 20 digits, then ':<grantor id>' when it was minted with one
+-- ARGV[2] '1': only an unarmed store (a gate arming itself: whoever armed first wins);
+--         '0': also raise a lower floor (an operator)
+-- returns the floor in force afterwards
+local floor = redis.call('GET', KEYS[1])
+if floor and #floor >= 20 and (ARGV[2] == '1' or string.sub(floor, 1, 20) >= string.sub(ARGV[1], 1, 20)) then
+  return floor
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
 _ONE_KEY_HEADER = """\
 -- KEYS[1] mark key of the token's resource
 -- KEYS[2] grantor key of the token's resource
 -- KEYS[3] applied-record key of the token's resource and the execution's task id
--- KEYS[4] owner key of the data key
--- KEYS[5] data key
+-- KEYS[4] floor key of the store (of the resource's hash tag in a cluster)
+-- KEYS[5] owner key of the data key
+-- KEYS[6] data key
 -- ARGV[1] token, a 20-digit zero-padded decimal string
 -- ARGV[2] resource of the token
 -- ARGV[3] grantor id of the token, or '' for none
 -- ARGV[4] execution id to record with the effect, or '' to record nothing
 -- ARGV[5] how long the record is kept, in milliseconds (with an execution id)
 -- ARGV[6] milliseconds the mark, grantor and owner keys live ('0': for good)
--- returns 1 when written; refusals stale, grantor, corrupt, owner, applied, superseded
+-- returns 1 when written; refusals unarmed, floor, stale, grantor, corrupt, owner, applied, superseded
 """
 
 # The check of the single-key write scripts. It reads every piece of fence
 # state with one MGET (this runs on every write) and writes nothing, so a
 # refused write changes nothing.
 _CHECK_ONE_KEY = """\
-local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-local mark, grantor, applied, owner = state[1], state[2], state[3], state[4]
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+local mark, grantor, applied, owner = state[1], state[2], state[3], state[5]
+local refused = floored(state[4], ARGV[1], ARGV[3])
+if refused then return redis.error_reply(refused) end
 if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
-local refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
+refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
 if refused then return redis.error_reply(refused) end
 """
 
@@ -155,7 +199,7 @@ if refused then return redis.error_reply(refused) end
 _ADVANCE_ONE_KEY = """\
 if mark ~= ARGV[1] then keep(KEYS[1], ARGV[1], ARGV[6]) end
 if ARGV[3] ~= '' and not grantor then keep(KEYS[2], ARGV[3], ARGV[6]) end
-if not owner then keep(KEYS[4], ARGV[2], ARGV[6]) end
+if not owner then keep(KEYS[5], ARGV[2], ARGV[6]) end
 if ARGV[4] ~= '' and applied ~= ARGV[1] .. ':' .. ARGV[4] then
   redis.call('SET', KEYS[3], ARGV[1] .. ':' .. ARGV[4], 'PX', ARGV[5])
 end
@@ -171,9 +215,9 @@ SET_SCRIPT = (
     + _CHECK_ONE_KEY
     + """\
 if ARGV[8] then
-  redis.call('SET', KEYS[5], ARGV[7], 'PX', ARGV[8])
+  redis.call('SET', KEYS[6], ARGV[7], 'PX', ARGV[8])
 else
-  redis.call('SET', KEYS[5], ARGV[7])
+  redis.call('SET', KEYS[6], ARGV[7])
 end
 """
     + _ADVANCE_ONE_KEY
@@ -190,7 +234,7 @@ HSET_SCRIPT = (
     # pairs. Only the first chunk can fail (WRONGTYPE), before anything is written.
     + """\
 for i = 7, #ARGV, 1000 do
-  redis.call('HSET', KEYS[5], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  redis.call('HSET', KEYS[6], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 """
     + _ADVANCE_ONE_KEY
@@ -202,7 +246,7 @@ DELETE_SCRIPT = (
     + FENCE_FUNCTION
     + STORE_FUNCTION
     + _CHECK_ONE_KEY
-    + "redis.call('DEL', KEYS[5])\n"
+    + "redis.call('DEL', KEYS[6])\n"
     + _ADVANCE_ONE_KEY
 )
 
@@ -213,27 +257,30 @@ EVAL_SCRIPT_TEMPLATE = (
 -- KEYS[1] mark key of the token's resource
 -- KEYS[2] grantor key of the token's resource
 -- KEYS[3] applied-record key of the token's resource and the execution's task id
--- KEYS[4 .. n+3] owner keys of the caller's n data keys
--- KEYS[n+4 .. 2n+3] the caller's data keys (the body sees them as KEYS[1 .. n])
+-- KEYS[4] floor key of the store (of the resource's hash tag in a cluster)
+-- KEYS[5 .. n+4] owner keys of the caller's n data keys
+-- KEYS[n+5 .. 2n+4] the caller's data keys (the body sees them as KEYS[1 .. n])
 -- ARGV[1 .. 6] as for the single-key scripts: token, resource, grantor id,
 --   execution id ('' records nothing), record retention in milliseconds,
 --   milliseconds the mark, grantor and owner keys live ('0': for good)
 -- ARGV[7 ..] the caller's arguments (the body sees them as ARGV[1 ..])
--- returns what the body returns; refusals stale, grantor, corrupt, owner,
---   applied, superseded (the body has not run)
+-- returns what the body returns; refusals unarmed, floor, stale, grantor,
+--   corrupt, owner, applied, superseded (the body has not run)
 """
     + FENCE_FUNCTION
     + STORE_FUNCTION
     + """\
-local n = (#KEYS - 3) / 2
+local n = (#KEYS - 4) / 2
+local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+local mark, grantor, applied = state[1], state[2], state[3]
+local refused = floored(state[4], ARGV[1], ARGV[3])
+if refused then return redis.error_reply(refused) end
 local owners = {}
-if n > 0 then owners = redis.call('MGET', unpack(KEYS, 4, n + 3)) end
+if n > 0 then owners = redis.call('MGET', unpack(KEYS, 5, n + 4)) end
 for i = 1, n do
   if owners[i] and owners[i] ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owners[i]) end
 end
-local state = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
-local mark, grantor, applied = state[1], state[2], state[3]
-local refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
+refused = fence(mark, grantor, applied, ARGV[1], ARGV[3], ARGV[4], KEYS[1])
 if refused then return redis.error_reply(refused) end
 -- Advance before the body: Redis does not undo the writes of a script that
 -- fails half-way, so the mark and the record must already cover whatever the body writes.
@@ -243,10 +290,10 @@ if ARGV[4] ~= '' and applied ~= ARGV[1] .. ':' .. ARGV[4] then
   redis.call('SET', KEYS[3], ARGV[1] .. ':' .. ARGV[4], 'PX', ARGV[5])
 end
 for i = 1, n do
-  if not owners[i] then keep(KEYS[3 + i], ARGV[2], ARGV[6]) end
+  if not owners[i] then keep(KEYS[4 + i], ARGV[2], ARGV[6]) end
 end
 local data_keys, data_args = {}, {}
-for i = 1, n do data_keys[i] = KEYS[n + 3 + i] end
+for i = 1, n do data_keys[i] = KEYS[n + 4 + i] end
 for i = 7, #ARGV do data_args[i - 6] = ARGV[i] end
 local function body(KEYS, ARGV)
 %s
@@ -255,6 +302,10 @@ return body(data_keys, data_args)
 """
 )
 
+#: The fenced result backend's floor key (before Celery's global key prefix):
+#: never a fence hash's key, ``celery-task-fence-<task id>``, whose name goes on with '-'.
+RESULT_FLOOR_KEY = "celery-task-fence:floor"
+
 # The result backend keeps one hash per task beside its result key, with the
 # fields mark, resource, grantor, state, final and done (the id of the
 # execution that sealed the task: the one whose result stands).
@@ -262,13 +313,13 @@ return body(data_keys, data_args)
 WRITE_RESULT_SCRIPT = (
     """\
 -- Write a task result under the fence.
--- KEYS[1] result key, KEYS[2] fence hash
+-- KEYS[1] result key, KEYS[2] fence hash, KEYS[3] the backend's floor key
 -- ARGV[1] encoded meta, ARGV[2] token as 20 digits or '' for none, ARGV[3] resource or '',
 -- ARGV[4] state, ARGV[5] '1' when the state is final, ARGV[6] expiry in seconds ('0': none),
 -- ARGV[7] grantor id of the token or '', ARGV[8] execution id of the writer ('-' for none),
 -- ARGV[9] '1' when this write also seals the task (as SEAL_RESULT_SCRIPT: the first seal wins)
--- returns 1 written; refusals tokenless, owner, grantor, corrupt, applied,
---   superseded (another execution sealed the task), stale
+-- returns 1 written; refusals tokenless, unarmed, floor (a write with a token only),
+--   owner, grantor, corrupt, applied, superseded (another execution sealed the task), stale
 """
     + FENCE_FUNCTION
     + """\
@@ -280,6 +331,8 @@ if ARGV[2] == '' then
   end
   if state == 'SUCCESS' then return redis.error_reply('FENCED tokenless over SUCCESS') end
 else
+  local below = floored(redis.call('GET', KEYS[3]), ARGV[2], ARGV[7])
+  if below then return redis.error_reply(below) end
   if owner and owner ~= ARGV[3] then return redis.error_reply('FENCED owner ' .. owner) end
   -- The execution that sealed the task writes its result whatever the mark:
   -- it finished first, and every other execution defers to it.
@@ -311,14 +364,16 @@ return 1
 CLAIM_RESULT_SCRIPT = (
     """\
 -- Raise a result's mark when a fenced execution starts.
--- KEYS[1] fence hash
+-- KEYS[1] fence hash, KEYS[2] the backend's floor key
 -- ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ('0': none),
 -- ARGV[4] grantor id of the token or ''
--- returns 1 claimed; refusals owner, grantor, corrupt, applied or superseded
---   (the task was sealed: it is done), stale
+-- returns 1 claimed; refusals unarmed, floor, owner, grantor, corrupt, applied or
+--   superseded (the task was sealed: it is done), stale
 """
     + FENCE_FUNCTION
     + """\
+local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
+if below then return redis.error_reply(below) end
 local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
 local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
 if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
@@ -338,14 +393,16 @@ SEAL_RESULT_SCRIPT = (
 -- the first execution of a task id to seal is the one whose result stands.
 -- Token order does not decide here: an older execution that finished its body
 -- has applied its effects (a newer one meets them at its first gated write).
--- KEYS[1] fence hash
+-- KEYS[1] fence hash, KEYS[2] the backend's floor key
 -- ARGV[1] token as 20 digits, ARGV[2] resource, ARGV[3] expiry seconds ('0': none),
 -- ARGV[4] grantor id of the token or '', ARGV[5] execution id
--- returns 1 sealed (or already sealed by this execution); refusals owner,
---   grantor, applied (another execution sealed first)
+-- returns 1 sealed (or already sealed by this execution); refusals unarmed, floor,
+--   owner, grantor, applied (another execution sealed first)
 """
     + FENCE_FUNCTION
     + """\
+local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
+if below then return redis.error_reply(below) end
 local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
 local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
 if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end

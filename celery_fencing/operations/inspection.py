@@ -99,10 +99,16 @@ class SQLitePeeker:
         self.grantor = _grantor_or_none(row[0] if row else None)
 
     def peek(self, resource: str) -> Peek:
+        try:
+            row = self._conn.execute("SELECT value FROM fencing_sequence WHERE singleton = 1").fetchone()
+            counter = None if row is None else int(row[0])
+        except sqlite3.Error:
+            counter = None  # a file of a version with one counter per resource
         row = self._conn.execute("SELECT value FROM fencing_tokens WHERE resource = ?", (resource,)).fetchone()
-        if row is None:
-            return Peek(None, note="never minted")
-        return Peek(int(row[0]))
+        last = None if row is None else int(row[0])
+        # One counter for every resource (task ids mint without a row): it bounds what the resource can have.
+        bound = counter if counter is not None and counter > (last or 0) else None
+        return Peek(last, note="never minted" if last is None else "", bound=bound)
 
     def close(self) -> None:
         self._conn.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..exceptions import FencingConfigurationError, GateUnavailableError
+from ..gates.redis_scripts import RESULT_FLOOR_KEY
 from ..token import FencingToken, Mark
 
 __all__ = ["FENCE_KEY_PREFIX", "ResultFences"]
@@ -27,6 +28,19 @@ class ResultFences:
     def __init__(self, client: Any, *, keyprefix: str = "") -> None:
         self.client = client
         self.prefix = f"{keyprefix}{FENCE_KEY_PREFIX}"
+        self.floor_key = f"{keyprefix}{RESULT_FLOOR_KEY}"
+
+    def arm(self, floor: int | FencingToken) -> int:
+        """Set the backend store's floor unless it holds a higher one; return the floor in force (``arm``)."""
+        from ..gates.redis_floor import decode_floor, encode_floor
+        from ..gates.redis_scripts import ARM_SCRIPT
+
+        stored = encode_floor(floor)
+        try:
+            raw = self.client.register_script(ARM_SCRIPT)(keys=[self.floor_key], args=[stored, 0])
+        except Exception as exc:  # redis-py's errors: the server could not be written
+            raise GateUnavailableError(f"cannot arm the result backend's store: {exc}", gate="result") from exc
+        return decode_floor(raw)
 
     def _fields(self, task_id: str) -> dict[str, str]:
         try:

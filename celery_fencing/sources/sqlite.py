@@ -1,5 +1,14 @@
 """A durable token counter in a local SQLite file: the embedded, zero-setup grantor.
 
+One counter for every resource, as ZooKeeper's zxid and etcd's revision are:
+tokens of all resources are on one scale, which a store's floor needs (a
+token minted after a store lost its marks is above every token minted
+before, whatever their resources). Files of earlier versions had one counter
+per resource; the one counter starts above the highest of them, so new
+tokens order above every old mark. ``mint`` also keeps the resource's last
+token (``fencing_tokens``, for ``celery-fencing inspect``);
+``mint_transient``, which fenced tasks use for their task ids, keeps nothing.
+
 Suits a single host (the demo, a one-machine deployment, development). Several
 processes on that host may mint concurrently: each mint is one ``BEGIN
 IMMEDIATE`` transaction, which SQLite serialises across processes with a file
@@ -49,17 +58,29 @@ CREATE TABLE IF NOT EXISTS fencing_grantor (
     id TEXT NOT NULL
 )
 """
-# One statement: the row lock of BEGIN IMMEDIATE makes the increment atomic
+# The one counter, in one row. Created above the per-resource counters of
+# earlier versions (fencing_tokens), which are read once and never written.
+_SEQUENCE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fencing_sequence (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    value INTEGER NOT NULL CHECK (value >= 0 AND value <= 9223372036854775807)
+)
+"""
+_SEQUENCE_START = """
+INSERT OR IGNORE INTO fencing_sequence (singleton, value)
+SELECT 1, coalesce(max(value), 0) FROM fencing_tokens
+"""
+# One statement: the lock of BEGIN IMMEDIATE makes the increment atomic
 # across processes, and RETURNING hands back the value that was stored.
-_MINT = """
-INSERT INTO fencing_tokens (resource, value) VALUES (?, 1)
-ON CONFLICT (resource) DO UPDATE SET value = value + 1
-RETURNING value
+_MINT = "UPDATE fencing_sequence SET value = value + 1 WHERE singleton = 1 RETURNING value"
+_KEEP_LAST = """
+INSERT INTO fencing_tokens (resource, value) VALUES (?, ?)
+ON CONFLICT (resource) DO UPDATE SET value = excluded.value
 """
 
 
 class SQLiteTokenSource:
-    """Mints per-resource tokens from a counter table in the SQLite file *path*.
+    """Mints tokens from one counter, for every resource, in the SQLite file *path*.
 
     :param path: the database file; its directory must exist.
     :param timeout: default bound, in seconds, on how long ``mint`` waits for
@@ -68,8 +89,8 @@ class SQLiteTokenSource:
     """
 
     volatile = False
-    #: ``ceiling()`` is per resource: each has its own counter.
-    ceiling_is_global = False
+    #: ``ceiling()`` is one counter for every resource.
+    ceiling_is_global = True
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
         self.path = Path(path)
@@ -114,6 +135,8 @@ class SQLiteTokenSource:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(_SCHEMA)
+            conn.execute(_SEQUENCE_SCHEMA)
+            conn.execute(_SEQUENCE_START)
             conn.execute(_GRANTOR_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO fencing_grantor (singleton, id) VALUES (1, ?)", (_new_grantor(),))
             (stored,) = conn.execute("SELECT id FROM fencing_grantor WHERE singleton = 1").fetchone()
@@ -145,11 +168,18 @@ class SQLiteTokenSource:
         return conn
 
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
-        """Return the resource's next value, durably stored before it is returned.
+        """Return the counter's next value for *resource*, durably stored (with the resource's last token) first.
 
         :raises TokenUnavailableError: the file stayed locked for *timeout*
             seconds (default: the constructor's), or SQLite failed.
         """
+        return self._mint(resource, timeout, keep=True)
+
+    def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """As :meth:`mint`, keeping no row for *resource*: for task ids, never minted for again."""
+        return self._mint(resource, timeout, keep=False)
+
+    def _mint(self, resource: str, timeout: float | None, *, keep: bool) -> FencingToken:
         validate_resource(resource)
         if self._closed:
             raise TokenUnavailableError("SQLiteTokenSource is closed", resource=resource)
@@ -159,7 +189,9 @@ class SQLiteTokenSource:
                 conn = self._connection(deadline)
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    (value,) = conn.execute(_MINT, (resource,)).fetchone()
+                    (value,) = conn.execute(_MINT).fetchone()
+                    if keep:
+                        conn.execute(_KEEP_LAST, (resource, value))
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -179,17 +211,13 @@ class SQLiteTokenSource:
                 ) from exc
 
     def ceiling(self, resource: str, *, timeout: float | None = None) -> int:
-        """Return the resource's counter (0 if never minted): no token of it is above. Writes nothing.
+        """Return the counter (0 if nothing was minted): no token of any resource is above. Writes nothing.
 
         :raises TokenUnavailableError: SQLite failed.
         """
         validate_resource(resource)
         try:
-            row = (
-                self._connection()
-                .execute("SELECT value FROM fencing_tokens WHERE resource = ?", (resource,))
-                .fetchone()
-            )
+            row = self._connection().execute("SELECT value FROM fencing_sequence WHERE singleton = 1").fetchone()
         except sqlite3.Error as exc:
             raise TokenUnavailableError(
                 f"SQLite token source {str(self.path)!r} failed: {exc}", resource=resource

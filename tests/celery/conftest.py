@@ -11,6 +11,8 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.fixtures.services import armed
+
 from .workers import WorkerProcess, wait_for
 
 APP_MODULE = "tests.celery.app_under_test"
@@ -130,6 +132,7 @@ def app(redis_url: str, unique_name: str) -> Iterator[Celery]:
     """A Celery app with the fenced+redis:// backend, its keys under this test's prefix (removed after)."""
     app = Celery("fenced-backend-test", backend="fenced+" + redis_url, set_as_current=False)
     app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
+    armed(app.backend)  # the tests make their tokens by hand
     yield app
     keys = list(app.backend.client.scan_iter(f"{unique_name}:*"))
     if keys:

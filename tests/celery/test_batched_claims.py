@@ -15,6 +15,7 @@ from celery import Celery
 from celery_fencing import FencingToken, GateUnavailableError, GrantorMismatchError, StaleTokenError
 from celery_fencing.celery.backend import FencedRedisBackend
 from celery_fencing.gates.redis import RedisGate, run_script_calls
+from tests.fixtures.services import armed
 
 
 class PipelineSpy:
@@ -128,7 +129,7 @@ def test_clients_of_other_servers_or_databases_are_not_batched(redis_url: str, u
     base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
     first, second = redis.Redis.from_url(f"{base}/0"), redis.Redis.from_url(f"{base}/1")
     try:
-        gates = [RedisGate(first, prefix=unique_name), RedisGate(second, prefix=unique_name)]
+        gates = [armed(RedisGate(first, prefix=unique_name)), armed(RedisGate(second, prefix=unique_name))]
         spies = [PipelineSpy(first), PipelineSpy(second)]
         token = FencingToken("d", 5)
         run_script_calls([gate.claim_call(token) for gate in gates])
@@ -136,7 +137,7 @@ def test_clients_of_other_servers_or_databases_are_not_batched(redis_url: str, u
         assert [gate.high_water("d") for gate in gates] == [5, 5]
     finally:
         for client in (first, second):
-            client.delete(f"{unique_name}:mark:d", f"{unique_name}:grantor:d")
+            client.delete(f"{unique_name}:mark:d", f"{unique_name}:grantor:d", f"{unique_name}:floor")
             client.close()
 
 
@@ -182,7 +183,7 @@ def test_batches_group_by_server_database_user_and_encoding(app: Celery, redis_u
     or encoding never does. Pure: no command is sent."""
     from redis.credentials import UsernamePasswordCredentialProvider
 
-    from celery_fencing.gates.redis import _server_of
+    from celery_fencing.gates.redis_batch import _server_of
 
     base = redis.Redis.from_url(redis_url)
     host, port = base.connection_pool.connection_kwargs["host"], base.connection_pool.connection_kwargs["port"]

@@ -15,6 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from celery_fencing import RedisGate
 from celery_fencing.celery import FencedTask, install, signals
 from celery_fencing.celery.runtime import runtime_for
+from tests.fixtures.services import armed
 
 from .workers import wait_for
 
@@ -47,7 +48,8 @@ class _Records(logging.Handler):
 
 def test_signals_report_mint_rejection_and_dropped_result(app: Celery, redis_url: str, unique_name: str) -> None:
     """token_minted, fencing_rejected (with phase and fields) and result_dropped fire, and the rejection is logged."""
-    gate = RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:fence")
+    # A gate the task does not declare (fencing_gates), so the worker does not arm it: the test does.
+    gate = armed(RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:fence"))
     seen: dict[str, list[dict[str, Any]]] = {"minted": [], "rejected": [], "dropped": []}
 
     def receiver(name: str) -> Any:

@@ -65,7 +65,7 @@ def test_marks_of_three_gates_side_by_side(
     report = {r["resource"]: r for r in json.loads(out)["resources"]}
     assert report["account:42"]["last_token"] == 2
     assert [m["high_water"] for m in report["account:42"]["marks"]] == [2, 1]
-    assert [m["high_water"] for m in report["account:7"]["marks"]] == [1, None]
+    assert [m["high_water"] for m in report["account:7"]["marks"]] == [3, None]  # one counter for every resource
     assert report["account:never"]["last_token"] is None and report["account:never"]["peek_note"] == "never minted"
 
     code, out, err = inspect(

@@ -33,6 +33,7 @@ from celery_fencing import (
 )
 from celery_fencing.context import current_execution
 from celery_fencing.token import Mark, validate_resource
+from tests.fixtures.services import armed
 
 # Bounded connect and lock waits, so an unreachable server fails a test fast.
 SQL_CONNECT_ARGS = {
@@ -149,6 +150,10 @@ class RedisAdapter(GateAdapter):
             spec.url, socket_connect_timeout=5, socket_timeout=30, decode_responses=decode_responses
         )
         self.gate = RedisGate(self.client, prefix=f"{spec.namespace}:fencing")
+        self.arm(self.gate)
+
+    def arm(self, gate: RedisGate) -> None:
+        armed(gate)  # a new store: the contract's tokens are made by hand
 
     def key(self, key: str) -> str:
         # Data keys live under the test's namespace too, so tests never share keys.
@@ -288,9 +293,12 @@ class RedisClusterAdapter(RedisAdapter):
     client_class = RedisCluster
 
     def __init__(self, spec: AdapterSpec) -> None:
-        super().__init__(spec)
         self.tag = f"{{{spec.namespace}}}"
+        super().__init__(spec)
         self.gate = HashTaggedGate(self.gate, self.tag)
+
+    def arm(self, gate: RedisGate) -> None:
+        gate.arm(0, resource=f"any:{self.tag}")  # in a cluster, one floor per hash tag
 
     def key(self, key: str) -> str:
         return f"{self.tag}:data:{key}"

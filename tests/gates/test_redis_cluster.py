@@ -29,7 +29,9 @@ from tests.fixtures.redis_cluster import RedisClusterServers
 def cluster_gate(redis_cluster: RedisClusterServers) -> Iterator[tuple[RedisGate, RedisCluster, str]]:
     client = redis_cluster.client(decode_responses=True)
     tag = uuid.uuid4().hex[:8]
-    yield RedisGate(client, prefix=f"t{tag}"), client, tag
+    gate = RedisGate(client, prefix=f"t{tag}")
+    gate.arm(0, resource=f"any:{{{tag}}}")  # a new store: in a cluster, one floor per hash tag
+    yield gate, client, tag
     client.close()
 
 

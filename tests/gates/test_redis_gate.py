@@ -23,6 +23,7 @@ from celery_fencing import (
     StaleTokenError,
 )
 from celery_fencing.gates.redis import decode_mark, encode_mark
+from tests.fixtures.services import armed
 
 T = FencingToken
 
@@ -39,7 +40,7 @@ def client(request: pytest.FixtureRequest, redis_url: str, unique_name: str) -> 
 
 @pytest.fixture
 def gate(client: redis.Redis, unique_name: str) -> RedisGate:
-    return RedisGate(client, prefix=unique_name)
+    return armed(RedisGate(client, prefix=unique_name))
 
 
 @pytest.fixture
@@ -215,7 +216,7 @@ def test_reads_are_plain_reads(gate: RedisGate, key: str) -> None:
 
 def test_cluster_keys_share_the_data_keys_slot() -> None:
     """With one hash tag in the resource and the keys, mark, owner and data keys map to one cluster slot."""
-    gate = RedisGate(redis.Redis(), prefix="fencing")
+    gate = armed(RedisGate(redis.Redis(), prefix="fencing"))
     resource = "account:{42}"
     data_keys = ["account:{42}:balance", "account:{42}:history"]
     assert gate.mark_key(resource) == "fencing:mark:account:{42}"

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_fencing import MAX_TOKEN_VALUE, FencingToken, RedisGate
 from tests.celery.workers import WorkerProcess, wait_for
+from tests.fixtures.services import armed
 from tests.fixtures.zookeeper import free_ports
 
 APP = "tests.metrics.app_metrics"
@@ -62,7 +63,7 @@ def test_exporter_counts_a_run_with_rejections(
     process, port = worker
     client = Celery("client", broker=redis_url, backend="fenced+" + redis_url)
     # A mark no token reaches: the claim of claim_refused is refused.
-    RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:fence").claim(
+    armed(RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:fence")).claim(
         FencingToken("c:x", MAX_TOKEN_VALUE)
     )
     try:

@@ -26,6 +26,7 @@ from celery_fencing import (
     TokenSigner,
 )
 from celery_fencing.token import MAX_RESOURCE_LENGTH, Mark
+from tests.fixtures.services import armed
 
 resources = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=MAX_RESOURCE_LENGTH)
 grantor_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True)
@@ -115,7 +116,7 @@ def test_redis_gate_follows_the_grantor_model(
 ) -> None:
     """RedisGate on the real server follows the same model, in its Lua scripts."""
     ns = "gp" + uuid.uuid4().hex[:10] + ":"
-    gate = RedisGate(redis_client, prefix=ns + "fence")
+    gate = armed(RedisGate(redis_client, prefix=ns + "fence"))
     try:
         _check_against_model(gate, lambda token: gate.set(token, f"{ns}key-{token.resource}", 1), operations, ns)
     finally:

@@ -23,6 +23,7 @@ from celery_fencing import (
     ZooKeeperTokenSource,
 )
 from celery_fencing.cli import main
+from tests.fixtures.services import armed
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 
@@ -50,7 +51,7 @@ def test_wiped_zookeeper_is_refused_and_rebase_recovers(
     client = redis.Redis.from_url(redis_url)
     sqlite_url = f"sqlite:///{tmp_path / 'marks.db'}"
     engine = sa.create_engine(sqlite_url)
-    redis_gate, sql_gate = RedisGate(client, prefix=prefix), SQLGate(engine)
+    redis_gate, sql_gate = armed(RedisGate(client, prefix=prefix)), SQLGate(engine)
     sql_gate.create_schema()
     gates = [redis_gate, sql_gate]
     resource = "account:{42}"

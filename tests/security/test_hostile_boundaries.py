@@ -29,6 +29,7 @@ from celery_fencing import (
 from celery_fencing.celery.settings import SETTINGS
 from celery_fencing.cli import main
 from celery_fencing.operations.urls import gate_from_url
+from tests.fixtures.services import armed
 
 # Ports nothing listens on: a URL that slips through validation reaches no server.
 CLOSED = "127.0.0.1:9"
@@ -150,7 +151,7 @@ def test_redis_gate_arguments_refuse_clearly_and_change_nothing(
 ) -> None:
     """Junk keys, values, expiries, mappings and Lua bodies at a real RedisGate raise a FencingError; no key appears."""
     prefix = "hb" + uuid.uuid4().hex[:10]
-    gate = RedisGate(client, prefix=prefix)
+    gate = armed(RedisGate(client, prefix=prefix))
     token = FencingToken("r", 5)
     if isinstance(key, str) and key:
         key = f"{prefix}:{key}"  # a key that passes validation is written only under our prefix
@@ -185,7 +186,7 @@ def test_memory_gate_arguments_refuse_clearly(key: Any, value: Any) -> None:
 
 def test_bad_redis_gate_arguments_raise_invalid_argument_error(client: redis.Redis) -> None:
     """Each argument RedisGate checks is refused with InvalidArgumentError, still a TypeError or ValueError."""
-    gate = RedisGate(client, prefix="hb" + uuid.uuid4().hex[:10])
+    gate = armed(RedisGate(client, prefix="hb" + uuid.uuid4().hex[:10]))
     token = FencingToken("r", 5)
     for call in (
         lambda: gate.set(token, b"k", "v"),  # type: ignore[arg-type]

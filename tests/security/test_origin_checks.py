@@ -31,6 +31,7 @@ from celery_fencing import (
 from celery_fencing.signing import AllOf, SigningTokenSource
 from celery_fencing.token import Mark
 from tests.fixtures.etcd import EtcdServer
+from tests.fixtures.services import armed
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 KEY_1, KEY_2 = secrets.token_hex(32), secrets.token_hex(32)
@@ -81,7 +82,7 @@ def test_signed_mode_refuses_unsigned_and_forged_tokens(
     """Gates holding the key accept the minting service's signed tokens and refuse every forgery, changing nothing."""
     signer = TokenSigner({"k1": KEY_1})
     service = SigningTokenSource(zk_source, signer)
-    redis_gate = RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1}))
+    redis_gate = armed(RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1})))
     sql_gate = SQLGate(pg_engine, table=f"hw_{unique_name}", verifier=TokenSigner({"k1": KEY_1}))
     sql_gate.create_schema()
     try:
@@ -126,7 +127,7 @@ def test_a_signing_source_signs_every_token_it_hands_out(
         with pytest.raises(AttributeError):
             getattr(service, name)
 
-    gate = RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1}))
+    gate = armed(RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1})))
     app = Celery("signed-task", set_as_current=False)
     app.conf.update(fencing_source=service, task_store_eager_result=False)
     install(app)
@@ -147,7 +148,7 @@ def test_without_signed_mode_one_forged_token_poisons_the_mark(
     zk_source: ZooKeeperTokenSource, redis_client: redis.Redis, unique_name: str
 ) -> None:
     """Negative control: a gate without a verifier takes a forged 2**63-1, and every honest token is refused after."""
-    gate = RedisGate(redis_client, prefix=unique_name)
+    gate = armed(RedisGate(redis_client, prefix=unique_name))
     honest = zk_source.mint("account:{2}")
     gate.claim(honest)
     gate.claim(dataclasses.replace(honest, value=MAX_TOKEN_VALUE))
@@ -157,8 +158,10 @@ def test_without_signed_mode_one_forged_token_poisons_the_mark(
 
 def test_key_rotation(zk_source: ZooKeeperTokenSource, redis_client: redis.Redis, unique_name: str) -> None:
     """Gates holding the old and new key accept both; once the old key is dropped, its tokens are refused."""
-    both = RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1, "k2": KEY_2}, current="k2"))
-    new_only = RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k2": KEY_2}))
+    both = armed(
+        RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k1": KEY_1, "k2": KEY_2}, current="k2"))
+    )
+    new_only = armed(RedisGate(redis_client, prefix=unique_name, verifier=TokenSigner({"k2": KEY_2})))
     old_token = SigningTokenSource(zk_source, TokenSigner({"k1": KEY_1})).mint("r")
     new_token = SigningTokenSource(zk_source, TokenSigner({"k1": KEY_1, "k2": KEY_2}, current="k2")).mint("r")
     both.claim(old_token)
@@ -193,7 +196,7 @@ def test_plausibility_bound_refuses_tokens_zookeeper_cannot_have_issued(
 ) -> None:
     """With a bound on the real ensemble's zxid, honest tokens pass and values above it are refused, mark unchanged."""
     bound = PlausibilityBound(zk_source, margin=0)
-    gate = RedisGate(redis_client, prefix=unique_name, verifier=bound)
+    gate = armed(RedisGate(redis_client, prefix=unique_name, verifier=bound))
     # Honest tokens from another client of the same ensemble, minted after the gate last looked, pass.
     with ZooKeeperTokenSource.from_url(zookeeper_server.url(f"/{unique_name}", timeout=20)) as other:
         for _ in range(3):
@@ -219,7 +222,9 @@ def test_plausibility_bound_reads_the_grantor_only_above_its_margin(
 ) -> None:
     """Within the margin above the last ceiling read, no grantor read is needed (ZooKeeper paused); above it, one is."""
     with ZooKeeperTokenSource.from_url(zookeeper_server.url(f"/{unique_name}", timeout=3)) as source:
-        gate = RedisGate(redis_client, prefix=unique_name, verifier=PlausibilityBound(source, margin=100, timeout=2))
+        gate = armed(
+            RedisGate(redis_client, prefix=unique_name, verifier=PlausibilityBound(source, margin=100, timeout=2))
+        )
         token = source.mint("r")
         gate.claim(token)
         zookeeper_server.pause()
@@ -232,8 +237,8 @@ def test_plausibility_bound_reads_the_grantor_only_above_its_margin(
         assert gate.high_water("r") == token.value + 50
 
 
-def test_plausibility_bound_on_a_sqlite_grantor_is_per_resource(tmp_path: Path) -> None:
-    """SQLite counts per resource: a token above that resource's counter is refused even if another counted higher."""
+def test_plausibility_bound_on_a_sqlite_grantor_is_its_one_counter(tmp_path: Path) -> None:
+    """SQLite counts once for every resource: a token above the counter is refused, whatever its resource."""
     from celery_fencing import MemoryGate
 
     source = SQLiteTokenSource(tmp_path / "tokens.db")
@@ -241,11 +246,13 @@ def test_plausibility_bound_on_a_sqlite_grantor_is_per_resource(tmp_path: Path) 
         for _ in range(50):
             source.mint("busy")
         quiet = source.mint("quiet")
+        assert quiet.value == 51, "one counter: the first token of a resource comes after every earlier one"
         gate = MemoryGate(verifier=AllOf(PlausibilityBound(source, margin=0)))
         gate.claim(quiet)
         with pytest.raises(ForgedTokenError):
-            gate.claim(dataclasses.replace(quiet, value=40))
+            gate.claim(dataclasses.replace(quiet, value=quiet.value + 1))  # no resource was minted that far
         gate.claim(source.mint("busy"))
+        gate.claim(source.mint("quiet"))
     finally:
         source.close()
 

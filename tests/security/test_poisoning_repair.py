@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from celery_fencing import MAX_TOKEN_VALUE, RedisGate, SQLGate, StaleTokenError, ZooKeeperTokenSource
 from celery_fencing.cli import main
 from celery_fencing.token import Mark
+from tests.fixtures.services import armed
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 
@@ -30,7 +31,7 @@ def setup(
     table = f"hw_{unique_name}"
     sql_gate = SQLGate(engine, table=table)
     sql_gate.create_schema()
-    gates: list[RedisGate | SQLGate] = [RedisGate(client, prefix=unique_name), sql_gate]
+    gates: list[RedisGate | SQLGate] = [armed(RedisGate(client, prefix=unique_name)), sql_gate]
     cli_gates = ["--gate", redis_url, "--redis-prefix", unique_name, "--gate", postgres_url, "--sql-table", table]
     source = ZooKeeperTokenSource.from_url(url)
     try:

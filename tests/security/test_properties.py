@@ -22,6 +22,7 @@ from celery_fencing import (
     StaleTokenError,
 )
 from celery_fencing.token import MAX_RESOURCE_LENGTH
+from tests.fixtures.services import armed
 
 resources = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=MAX_RESOURCE_LENGTH)
 # Edges where a float comparison would go wrong are drawn often, not left to chance.
@@ -116,7 +117,7 @@ def test_memory_gate_follows_the_rules(operations: list[tuple[str, str, int]]) -
 def redis_gate(redis_url: str) -> Iterator[RedisGate]:
     prefix = "prop" + uuid.uuid4().hex[:8]
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield RedisGate(client, prefix=prefix)
+    yield armed(RedisGate(client, prefix=prefix))
     keys = list(client.scan_iter(f"*{prefix}*"))
     if keys:
         client.delete(*keys)
@@ -127,7 +128,7 @@ def redis_gate(redis_url: str) -> Iterator[RedisGate]:
 def test_redis_gate_follows_the_rules(redis_gate: RedisGate, operations: list[tuple[str, str, int]]) -> None:
     """RedisGate on the real server follows the same model, exactly for any 63-bit values."""
     ns = "p" + uuid.uuid4().hex[:10] + ":"
-    gate = RedisGate(redis_gate.client, prefix=ns + "fence")
+    gate = armed(RedisGate(redis_gate.client, prefix=ns + "fence"))
     _check_against_model(gate, operations, ns)
 
 

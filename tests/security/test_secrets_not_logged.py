@@ -27,6 +27,7 @@ from celery_fencing import (
 )
 from celery_fencing.cli import main
 from celery_fencing.operations.urls import gate_from_url
+from tests.fixtures.services import armed
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 from .conftest import PG_PASSWORD, REDIS_PASSWORD
@@ -139,7 +140,7 @@ def test_no_secret_in_logs_errors_or_output(
     app = Celery("secrets", backend=backend, set_as_current=False)
     request = Context(id=unique_name, task="x", args=(), kwargs={})
     request.fencing_token = FencingToken(unique_name, 5, "zk-a")
-    app.backend.store_result(unique_name, "ok", states.SUCCESS, request=request)
+    armed(app.backend).store_result(unique_name, "ok", states.SUCCESS, request=request)
     request.fencing_token = FencingToken(unique_name, 4, "zk-a")
     app.backend.store_result(unique_name, "stale", states.SUCCESS, request=request)  # dropped and logged
     seen.append(repr(app.backend))

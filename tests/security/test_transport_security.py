@@ -25,6 +25,7 @@ from celery_fencing import (
 )
 from celery_fencing.operations.urls import gate_from_url
 from celery_fencing.token import FencingToken
+from tests.fixtures.services import armed
 
 from .conftest import PG_PASSWORD, REDIS_PASSWORD, ZK_PASSWORD
 from .servers import Certs, PostgresServer, RedisServer, TLSZooKeeperServer
@@ -114,7 +115,7 @@ def _redis(server: RedisServer, certs: Certs, **overrides: object) -> redis.Redi
 def test_redis_gate_with_an_acl_user_over_tls(redis_tls: RedisServer, certs: Certs, unique_name: str) -> None:
     """RedisGate works with an ACL user over TLS, from a client and from a rediss:// gate URL."""
     client = _redis(redis_tls, certs)
-    gate = RedisGate(client, prefix=unique_name)
+    gate = armed(RedisGate(client, prefix=unique_name))
     gate.claim(FencingToken("acct", 5, "zk-a"))
     gate.set(FencingToken("acct", 6, "zk-a"), f"{unique_name}:k", "v")
     with pytest.raises(StaleTokenError):
@@ -170,7 +171,7 @@ def test_fenced_result_backend_over_tls_with_an_acl_user(redis_tls: RedisServer,
             context.fencing_token = token
             return context
 
-        app.backend.claim_result("tls-task", FencingToken("tls-task", 9, "zk-a"))
+        armed(app.backend).claim_result("tls-task", FencingToken("tls-task", 9, "zk-a"))
         newer, stale = FencingToken("tls-task", 9, "zk-a"), FencingToken("tls-task", 7, "zk-a")
         app.backend.store_result("tls-task", "newer", states.SUCCESS, request=request(newer))
         app.backend.store_result("tls-task", "stale", states.SUCCESS, request=request(stale))

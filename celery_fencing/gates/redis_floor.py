@@ -1,0 +1,99 @@
+"""A Redis store's floor: what makes a store that forgot its marks refuse every older token.
+
+The floor key lives beside the marks and is lost with them (a restart without
+persistence, a flush). Every gate script reads it (see
+:mod:`celery_fencing.gates.redis_scripts`); a store without it is *unarmed* and
+refuses every token until it is armed with a token minted after the loss was
+seen. Shared by :class:`~celery_fencing.RedisGate` and the fenced result backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..exceptions import InvalidArgumentError, StoreUnarmedError
+from ..protocols import TokenSource
+from ..token import FencingToken
+from .redis_keys import MARK_WIDTH, decode_mark, encode_mark
+from .redis_scripts import parse_refusal
+
+__all__ = [
+    "FLOOR_RESOURCE",
+    "arm_unarmed_store",
+    "decode_floor",
+    "encode_floor",
+    "is_unarmed_refusal",
+    "mint_floor",
+]
+
+logger = logging.getLogger("celery_fencing.gates.redis")
+
+#: The resource a floor is minted on (any resource would do: the floor is
+#: compared on the source's one scale, with every resource's tokens).
+FLOOR_RESOURCE = "celery-fencing:floor"
+
+
+def mint_floor(source: TokenSource) -> FencingToken:
+    """A floor: a token minted now, on the source's one scale (transient where the source can, leaving no state)."""
+    mint = getattr(source, "mint_transient", None) or source.mint
+    token: FencingToken = mint(FLOOR_RESOURCE)
+    return token
+
+
+def decode_floor(raw: str | bytes) -> int:
+    """The value of a stored floor (see :func:`encode_floor`)."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return decode_mark(text[:MARK_WIDTH])
+
+
+def encode_floor(floor: object) -> str:
+    """A floor as stored: its 20 digits, then ``:<grantor id>`` for a token's (it bounds that grantor's tokens).
+
+    *floor* is a token (minted by the workers' source) or a bare value in
+    0 .. 2**63 - 1, which bounds every token; checked before any I/O.
+
+    :raises InvalidArgumentError: *floor* is neither.
+    """
+    if isinstance(floor, FencingToken):
+        return encode_mark(floor.value) + ("" if floor.grantor is None else f":{floor.grantor}")
+    if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**63:
+        raise InvalidArgumentError(f"a floor is a FencingToken or an int in 0 .. 2**63 - 1, not {floor!r:.40}")
+    return encode_mark(floor)
+
+
+def arm_unarmed_store(arm_script: Any, key: str, source: TokenSource | None, store: str) -> int:
+    """Give a store found without its floor (key *key*) one minted now from *source*; return the floor in force.
+
+    Whoever arms first wins: a concurrent arming's floor is kept. *arm_script*
+    is :data:`~celery_fencing.gates.redis_scripts.ARM_SCRIPT` registered on the
+    store's client; its redis-py errors propagate.
+
+    :raises StoreUnarmedError: there is no source to mint the floor from.
+    :raises TokenUnavailableError: the source could not mint.
+    """
+    if source is None:
+        raise StoreUnarmedError(
+            f"{store}: Redis holds no fencing floor (a new store, or it lost its data: a restart without "
+            "persistence, a flush), so every token is refused until it is armed: run `celery-fencing arm`, "
+            "or give the gate a source=",
+            gate=store,
+        )
+    armed = decode_floor(arm_script(keys=[key], args=[encode_floor(mint_floor(source)), 1]))
+    logger.warning(
+        "%s: Redis held no fencing floor at %s (a new store, or it lost its data); armed with floor %d from %s: "
+        "tokens minted before it are refused",
+        store,
+        key,
+        armed,
+        type(source).__name__,
+    )
+    return armed
+
+
+def is_unarmed_refusal(reply: object) -> bool:
+    """Whether a script's reply is the refusal of a store without its floor."""
+    refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
+    return refusal is not None and refusal[0] == "unarmed"
