@@ -151,6 +151,20 @@ class Observation:
     ended: float = 0.0
 
 
+#: The safety rules, as the Figures field that counts each and its label in reports and charts.
+SAFETY_RULES = (
+    ("stale_accepted", "stale accepted"),
+    ("non_monotonic", "non-increasing token"),
+    ("lost_updates", "lost updates"),
+    ("duplicate_effects", "duplicate effects"),
+    ("balance_mismatch", "balance mismatches"),
+    ("redis_non_monotonic", "Redis non-increasing"),
+    ("redis_duplicates", "Redis duplicates"),
+    ("redis_disagreements", "Redis/PG disagreements"),
+    ("redis_stale_after_loss", "Redis stale after a loss"),
+)
+
+
 @dataclass
 class Figures:
     side: str = ""
@@ -194,18 +208,8 @@ class Figures:
 
     @property
     def safety_violations(self) -> int:
-        """Broken safety rules: what fencing exists to prevent."""
-        return (
-            self.stale_accepted
-            + self.non_monotonic
-            + self.lost_updates
-            + self.duplicate_effects
-            + self.balance_mismatch
-            + self.redis_non_monotonic
-            + self.redis_duplicates
-            + self.redis_disagreements
-            + self.redis_stale_after_loss
-        )
+        """Broken safety rules (:data:`SAFETY_RULES`): what fencing exists to prevent."""
+        return sum(getattr(self, name) for name, _ in SAFETY_RULES)
 
     @property
     def completeness_violations(self) -> int:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checker import AuditRow, Fault, Figures, Observation, check
+from .checker import SAFETY_RULES, AuditRow, Fault, Figures, Observation, check
 
 __all__ = [
     "Mark",
@@ -48,16 +48,6 @@ __all__ = [
 
 DONE = ("ok", "duplicate")
 #: The checker's safety rules (the terms of ``Figures.safety_violations``) as the chart names them.
-SAFETY_RULES = (
-    ("stale_accepted", "stale accepted"),
-    ("non_monotonic", "non-increasing token"),
-    ("lost_updates", "lost updates"),
-    ("duplicate_effects", "duplicate effects"),
-    ("balance_mismatch", "balance mismatches"),
-    ("redis_non_monotonic", "Redis non-increasing"),
-    ("redis_duplicates", "Redis duplicates"),
-    ("redis_disagreements", "Redis/PG disagreements"),
-)
 
 
 @dataclass(frozen=True)
@@ -208,13 +198,8 @@ def so_far(
 
 
 def safety_counts(figures: Figures) -> dict[str, int]:
-    """The safety rules *figures* breaks, by name, with their counts: they add up to ``safety_violations``.
-
-    Redis/PostgreSQL disagreements count only without a Redis state loss, as in the checker.
-    """
+    """The safety rules *figures* breaks, by label, with their counts: they add up to ``safety_violations``."""
     counts = {label: getattr(figures, name) for name, label in SAFETY_RULES}
-    if figures.redis_state_losses:
-        counts["Redis/PG disagreements"] = 0
     return {label: n for label, n in counts.items() if n}
 
 
