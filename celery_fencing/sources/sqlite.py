@@ -22,8 +22,9 @@ with :class:`~celery_fencing.GrantorMismatchError` rather than comparing them
 with the old file's marks, until ``celery-fencing rebase`` moves the resources
 over. Treat the file as state to back up.
 
-Thread and fork safety: each thread of each process opens its own connection
-(SQLite connections must not cross threads or ``fork()``).
+Thread and fork safety: each OS thread of each process opens its own
+connection (SQLite connections must not cross threads or ``fork()``); the
+greenlets of a gevent worker share their thread's.
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ class SQLiteTokenSource:
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self._local = threading.local()
+        # One connection per process and OS thread (SQLite connections must not cross
+        # threads or fork()). Keyed by the native thread id, not a threading.local:
+        # gevent makes those per greenlet, which would open the file once per task.
+        # Greenlets of one thread may share it: a mint runs no code that yields.
+        self._by_thread: dict[tuple[int, int], sqlite3.Connection] = {}
         self._connections: list[tuple[int, sqlite3.Connection]] = []
         self._registry_lock = threading.Lock()
         self._closed = False
@@ -148,8 +153,9 @@ class SQLiteTokenSource:
         return str(stored)
 
     def _connection(self, deadline: float | None = None) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+        where = (os.getpid(), threading.get_native_id())
+        conn: sqlite3.Connection | None = self._by_thread.get(where)
+        if conn is not None:
             return conn
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
@@ -161,9 +167,8 @@ class SQLiteTokenSource:
         except BaseException:
             conn.close()
             raise
-        self._local.conn = conn
-        self._local.pid = os.getpid()
         with self._registry_lock:
+            self._by_thread[where] = conn
             self._connections.append((os.getpid(), conn))
         return conn
 
@@ -235,6 +240,7 @@ class SQLiteTokenSource:
         with self._registry_lock:
             connections = [conn for owner, conn in self._connections if owner == pid]
             self._connections = []
+            self._by_thread.clear()
         # A connection inherited across fork() belongs to the parent: leave it be.
         for conn in connections:
             with contextlib.suppress(sqlite3.Error):

@@ -52,14 +52,7 @@ def _open_token_files(scenario: Scenario, pid: int) -> int:
     return sum(1 for path in paths if path.startswith(database))
 
 
-SQLITE_PER_GREENLET = pytest.mark.xfail(
-    strict=True,
-    reason="SQLiteTokenSource keeps a connection per threading.local, which gevent makes per greenlet "
-    "(one per task), and never closes them: a gevent worker opens the database and its WAL once more per task",
-)
-
-
-@pytest.mark.parametrize("pool", [pytest.param("gevent", marks=SQLITE_PER_GREENLET), "threads"])
+@pytest.mark.parametrize("pool", ["gevent", "threads"])
 def test_sqlite_source_opens_no_connection_per_task(scenario: Scenario, pool: str) -> None:
     """After a first round of tasks, a second round opens the token database no more times."""
     worker = start_pool_worker(scenario, "w", pool, CONCURRENCY)
