@@ -1,0 +1,143 @@
+"""The SQL gate's two tables: their layout per dialect, their creation, and the mark table's grantor column.
+
+:func:`high_water_table` and :func:`applied_table` define them in a
+``MetaData`` (yours, for migrations); :func:`create_tables` creates what is
+missing, tolerating another process creating it at the same time. The
+``grantor`` column of a mark table made before grantor ids is found with
+:func:`has_grantor_column` and added with :func:`grantor_column_ddl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn
+
+from sqlalchemy import BigInteger, CheckConstraint, Column, MetaData, String, Table, TypeDecorator, inspect
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Dialect, Engine
+
+from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
+from ..applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "MYSQL_FAMILY",
+    "SUPPORTED_DIALECTS",
+    "Utf8VarBinary",
+    "applied_table",
+    "create_tables",
+    "define_table",
+    "grantor_column_ddl",
+    "has_grantor_column",
+    "high_water_table",
+]
+
+DEFAULT_TABLE = "fencing_high_water"
+
+MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
+SUPPORTED_DIALECTS = frozenset({"postgresql", "sqlite"}) | MYSQL_FAMILY
+
+
+class Utf8VarBinary(TypeDecorator[str]):
+    """Text kept as its UTF-8 bytes in a ``VARBINARY`` column, so it compares byte for byte.
+
+    The DDL is plain ``VARBINARY(n)``; Python sees ``str`` both ways.
+    """
+
+    impl = mysql.VARBINARY
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
+def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: str | None = None) -> Table:
+    """Define the mark table in *metadata* (your application's, for Alembic autogenerate).
+
+    If *metadata* already holds a table of that name, it is returned as is.
+    """
+    return define_table(
+        metadata,
+        name,
+        schema,
+        Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
+        Column("token", BigInteger, nullable=False),
+        Column("grantor", _grantor_type(), nullable=True),
+        CheckConstraint(f"token >= 1 AND token <= {MAX_TOKEN_VALUE}", name=f"{name[:48]}_token_range"),
+    )
+
+
+def applied_table(metadata: MetaData, name: str = DEFAULT_APPLIED_TABLE, *, schema: str | None = None) -> Table:
+    """Define the applied-record table (exactly once) in *metadata*, for your migrations.
+
+    The layout is :mod:`celery_fencing.gates.applied_sql`'s: ``resource`` and
+    ``task_id`` (binary on MySQL/MariaDB), ``execution``, ``token`` (the
+    execution's token value), ``expires_at`` (epoch seconds), primary key
+    (resource, task_id). If *metadata* already
+    holds a table of that name, it is returned as is.
+    """
+    return define_table(
+        metadata,
+        name,
+        schema,
+        Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
+        Column("task_id", _binary_on_mysql(MAX_TASK_ID_LENGTH), primary_key=True),
+        Column("execution", String(EXECUTION_ID_LENGTH), nullable=False),
+        Column("token", BigInteger, nullable=False),
+        Column("expires_at", BigInteger, nullable=False),
+    )
+
+
+def define_table(metadata: MetaData, name: str, schema: str | None, *parts: Any) -> Table:
+    """The table *name* of *metadata* if it holds one, else a new one of *parts*."""
+    existing = metadata.tables.get(f"{schema}.{name}" if schema else name)
+    return existing if existing is not None else Table(name, metadata, *parts, schema=schema)
+
+
+def create_tables(
+    engine: Engine,
+    tables: Iterable[tuple[Table, str]],
+    unavailable: Callable[[sa_exc.SQLAlchemyError, str], NoReturn],
+) -> None:
+    """Create each ``(table, what it is)`` that does not exist yet; idempotent, also when run concurrently.
+
+    A failed ``CREATE`` is passed to *unavailable* (with ``"creating <what>"``)
+    unless the table exists after all.
+    """
+    for table, what in tables:
+        try:
+            table.create(engine, checkfirst=True)
+        except sa_exc.SQLAlchemyError as exc:
+            # Another process may have created it between the check and CREATE.
+            try:
+                exists = inspect(engine).has_table(table.name, schema=table.schema)
+            except sa_exc.SQLAlchemyError:
+                exists = False
+            if not exists:
+                unavailable(exc, f"creating {what}")
+
+
+def has_grantor_column(conn: Connection, table: Table) -> bool:
+    """Whether the mark table *table*, as it is in the database, has the ``grantor`` column."""
+    columns = inspect(conn).get_columns(table.name, schema=table.schema)
+    return any(column["name"] == "grantor" for column in columns)
+
+
+def grantor_column_ddl(dialect: Dialect, table: Table) -> str:
+    """The ``ALTER TABLE ... ADD COLUMN grantor ...`` that migrates a mark table made before grantor ids."""
+    column_type = table.c.grantor.type.compile(dialect=dialect)
+    return f"ALTER TABLE {dialect.identifier_preparer.format_table(table)} ADD COLUMN grantor {column_type} NULL"
+
+
+def _binary_on_mysql(length: int) -> Any:
+    # Binary on MySQL/MariaDB: their default collations compare case- and
+    # trailing-space-insensitively, which would merge resources (and task ids).
+    return String(length).with_variant(Utf8VarBinary(length * 4), "mysql", "mariadb")
+
+
+def _grantor_type() -> Any:
+    return String(MAX_GRANTOR_LENGTH).with_variant(Utf8VarBinary(MAX_GRANTOR_LENGTH), "mysql", "mariadb")
