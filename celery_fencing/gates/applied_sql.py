@@ -82,10 +82,11 @@ which cost more (about 130 us) than the round trip saved (about 50 us).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..exceptions import AlreadyAppliedError, FencingConfigurationError
+from ..exceptions import AlreadyAppliedError, FencingConfigurationError, InvalidArgumentError
 from ..token import MAX_RESOURCE_LENGTH
 
 __all__ = [
@@ -99,8 +100,10 @@ __all__ = [
     "AppliedStatements",
     "already_applied",
     "applied_statements",
+    "check_prune_limit",
     "create_table_sql",
     "missing_table_message",
+    "other_execution",
     "retention_seconds",
 ]
 
@@ -238,6 +241,27 @@ def already_applied(
         applied_token=applied_token,
         high_water=high_water,
     )
+
+
+def other_execution(row: Sequence[Any] | None, execution_id: str) -> tuple[bool, int | None]:
+    """(whether the live record *row* names another execution than *execution_id*, that one's token).
+
+    *row* is what ``select`` returned: (execution id, token), or ``None``
+    when there is no live record. The refusal path of both SQL gates.
+    """
+    if row is None or row[0] == execution_id:
+        return False, None
+    return True, None if row[1] is None else int(row[1])
+
+
+def check_prune_limit(limit: object) -> int:
+    """*limit* of ``prune_applied()``, checked: a positive int.
+
+    :raises InvalidArgumentError: it is not one.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgumentError(f"limit must be a positive int, not {limit!r:.60}")
+    return limit
 
 
 def create_table_sql(vendor: str, table: str, *, quote: Callable[[str], str]) -> str:

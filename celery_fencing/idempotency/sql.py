@@ -57,7 +57,6 @@ from sqlalchemy import (
     delete,
     extract,
     func,
-    inspect,
     literal,
     or_,
     select,
@@ -67,7 +66,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from ..exceptions import EffectPendingError, FencingConfigurationError, GateUnavailableError
+from ..exceptions import EffectPendingError, FencingConfigurationError
+from ..gates.sql.schema import create_tables, define_table
+from ..gates.unavailable import unavailable_error
 from .core import DEFAULT_RETENTION, MAX_KEY_LENGTH, Claim, validate_key
 
 __all__ = ["DEFAULT_TABLE", "EffectInTransaction", "SQLIdempotencyStore", "idempotency_table"]
@@ -78,19 +79,16 @@ _SUPPORTED = frozenset({"postgresql", "sqlite"})
 
 def idempotency_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: str | None = None) -> Table:
     """Define the idempotency table in *metadata*; an existing table of that name is returned as is."""
-    existing = metadata.tables.get(f"{schema}.{name}" if schema else name)
-    if existing is not None:
-        return existing
-    return Table(
-        name,
+    return define_table(
         metadata,
+        name,
+        schema,
         Column("key", String(MAX_KEY_LENGTH), primary_key=True),
         Column("state", String(8), nullable=False),
         Column("claim", String(32), nullable=False),
         Column("claimed_at_ms", BigInteger, nullable=False),
         Column("expires_at_ms", BigInteger, nullable=False),
         Column("outcome", Text, nullable=True),
-        schema=schema,
     )
 
 
@@ -195,15 +193,7 @@ class SQLIdempotencyStore:
 
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        try:
-            self._table.create(self.engine, checkfirst=True)
-        except sa_exc.SQLAlchemyError as exc:
-            try:
-                exists = inspect(self.engine).has_table(self._table.name, schema=self._table.schema)
-            except sa_exc.SQLAlchemyError:
-                exists = False
-            if not exists:
-                _unavailable(exc, "creating the idempotency table")
+        create_tables(self.engine, ((self._table, "the idempotency table"),), _unavailable)
 
     # IdempotencyStore ---------------------------------------------------------
 
@@ -339,7 +329,4 @@ def _ms(seconds: float) -> int:
 
 
 def _unavailable(exc: sa_exc.SQLAlchemyError, doing: str) -> NoReturn:
-    first_line = str(exc).splitlines()[0] if str(exc) else ""
-    raise GateUnavailableError(
-        f"SQL idempotency store failed while {doing}: {type(exc).__name__}: {first_line}", gate="SQLIdempotencyStore"
-    ) from exc
+    raise unavailable_error(exc, doing, store="SQL idempotency store", gate="SQLIdempotencyStore") from exc

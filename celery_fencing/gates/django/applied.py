@@ -15,7 +15,13 @@ from django.db import connections
 from ...context import AppliedRecord
 from ...exceptions import GateUnavailableError
 from ...token import FencingToken
-from ..applied_sql import AppliedStatements, applied_statements, missing_table_message, retention_seconds
+from ..applied_sql import (
+    AppliedStatements,
+    applied_statements,
+    missing_table_message,
+    other_execution,
+    retention_seconds,
+)
 
 __all__ = ["AppliedTable", "default_applied_table"]
 
@@ -74,10 +80,7 @@ class AppliedTable:
 
     def other(self, alias: str, cursor: Any, token: FencingToken, record: AppliedRecord) -> tuple[bool, int | None]:
         """(whether a live record names another execution of the task, its token): the refusal path."""
-        found = self.find_row(alias, cursor, token.resource, record.task_id)
-        if found is None or found[0] == record.execution_id:
-            return False, None
-        return True, found[1]
+        return other_execution(self.find_row(alias, cursor, token.resource, record.task_id), record.execution_id)
 
 
 _default_applied: AppliedTable | None = None

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from django.db import InterfaceError, OperationalError
 
-from ...exceptions import GateUnavailableError
+from ..unavailable import unavailable_error
 
 __all__ = ["UNAVAILABLE", "unavailable"]
 
@@ -21,7 +21,4 @@ UNAVAILABLE = (OperationalError, InterfaceError)
 
 def unavailable(exc: Exception, doing: str) -> NoReturn:
     """Raise :class:`~celery_fencing.GateUnavailableError` for *exc*, met while *doing*, with *exc* chained."""
-    first_line = str(exc).splitlines()[0] if str(exc) else ""
-    raise GateUnavailableError(
-        f"Django gate failed while {doing}: {type(exc).__name__}: {first_line}", gate="DjangoGate"
-    ) from exc
+    raise unavailable_error(exc, doing, store="Django gate", gate="DjangoGate") from exc

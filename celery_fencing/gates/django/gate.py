@@ -18,10 +18,10 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import QuerySet
 
 from ...context import AppliedRecord, applied_record, resolve_token
-from ...exceptions import FencingConfigurationError, InvalidArgumentError, StaleTokenError
+from ...exceptions import FencingConfigurationError, StaleTokenError
 from ...protocols import TokenVerifier
 from ...token import FencingToken, Mark, check_grantor, validate_resource
-from ..applied_sql import already_applied
+from ..applied_sql import already_applied, check_prune_limit
 from .applied import AppliedTable, default_applied_table
 from .column import update_fenced
 from .errors import UNAVAILABLE, unavailable
@@ -169,12 +169,11 @@ class DjangoGate:
         :raises InvalidArgumentError: *limit* is not a positive int.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgumentError(f"limit must be a positive int, not {limit!r:.60}")
+        params = [check_prune_limit(limit)]
         prune = self._applied.statements(self.using).prune
         try:
             with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-                cursor.execute(prune, [limit])
+                cursor.execute(prune, params)
                 count: int = cursor.rowcount
         except DatabaseError as exc:
             unavailable(exc, "pruning applied records")

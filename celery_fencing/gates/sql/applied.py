@@ -24,6 +24,7 @@ from ..applied_sql import (
     already_applied,
     applied_statements,
     missing_table_message,
+    other_execution,
     retention_seconds,
 )
 from .errors import unavailable
@@ -130,10 +131,7 @@ class AppliedRecords:
     def other(self, conn: Connection, token: FencingToken, record: AppliedRecord) -> tuple[bool, int | None]:
         """(whether a live record names another execution of the task, its token): the refusal path."""
         params = {"resource": token.resource, "task_id": record.task_id}
-        found = conn.execute(self.select, params).one_or_none()
-        if found is None or found[0] == record.execution_id:
-            return False, None
-        return True, None if found[1] is None else int(found[1])
+        return other_execution(conn.execute(self.select, params).one_or_none(), record.execution_id)
 
     def refused(
         self, conn: Connection, token: FencingToken, record: AppliedRecord, high_water: int | None = None

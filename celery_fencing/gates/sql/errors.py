@@ -12,7 +12,7 @@ from typing import NoReturn
 
 from sqlalchemy import exc as sa_exc
 
-from ...exceptions import GateUnavailableError
+from ..unavailable import unavailable_error
 
 __all__ = ["UNAVAILABLE", "is_unavailable", "unavailable"]
 
@@ -28,7 +28,4 @@ def is_unavailable(exc: sa_exc.SQLAlchemyError) -> bool:
 
 def unavailable(exc: sa_exc.SQLAlchemyError, doing: str) -> NoReturn:
     """Raise :class:`~celery_fencing.GateUnavailableError` for *exc*, met while *doing*, with *exc* chained."""
-    raise GateUnavailableError(
-        f"SQL gate failed while {doing}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-        gate="SQLGate",
-    ) from exc
+    raise unavailable_error(exc, doing, store="SQL gate", gate="SQLGate") from exc

@@ -22,7 +22,7 @@ from ...context import applied_record, resolve_token
 from ...exceptions import FencingConfigurationError, InvalidArgumentError, StaleTokenError
 from ...protocols import TokenVerifier
 from ...token import FencingToken, Mark, validate_resource
-from ..applied_sql import DEFAULT_APPLIED_TABLE
+from ..applied_sql import DEFAULT_APPLIED_TABLE, check_prune_limit
 from .applied import AppliedRecords
 from .column import ColumnMode
 from .errors import unavailable
@@ -166,11 +166,10 @@ class SQLGate:
         :raises InvalidArgumentError: *limit* is not a positive int.
         :raises GateUnavailableError: the database failed or could not be reached.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgumentError(f"limit must be a positive int, not {limit!r:.60}")
+        params = {"limit": check_prune_limit(limit)}
         try:
             with self.engine.begin() as conn:
-                count: int = conn.execute(self._applied.prune, {"limit": limit}).rowcount
+                count: int = conn.execute(self._applied.prune, params).rowcount
         except sa_exc.SQLAlchemyError as exc:
             unavailable(exc, "pruning applied records")
         return count

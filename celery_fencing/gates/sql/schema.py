@@ -5,6 +5,8 @@
 missing, tolerating another process creating it at the same time. The
 ``grantor`` column of a mark table made before grantor ids is found with
 :func:`has_grantor_column` and added with :func:`grantor_column_ddl`.
+:func:`define_table` and :func:`create_tables` serve the SQL idempotency
+store's table as well.
 """
 
 from __future__ import annotations
