@@ -141,7 +141,7 @@ def test_a_member_that_never_answers_is_skipped(etcd_cluster: EtcdCluster, uniqu
         before = built.mint("acct", timeout=10).value
         etcd_cluster.members[0].pause()
         # The source prefers the member that answered last; make it start at the paused one.
-        built._preferred = 0  # type: ignore[attr-defined]
+        built._gateway.preferred = 0  # type: ignore[attr-defined]
         # Without failover the paused member would take the whole timeout and this would raise.
         assert built.mint("acct", timeout=15).value > before
     finally:
