@@ -14,7 +14,13 @@ is retried with a new token, re-reads 120 and writes 130.
 
 Modules:
 
-* :mod:`.runner` plays the story and prints the timeline (the CLI calls it);
+* :mod:`.runner` plays the story and prints the timeline (the CLI calls it), and
+  cleans up on every path;
+* :mod:`.story` is the story's cast and numbers, and what one run of it yields;
+* :mod:`.timeline` renders each run's timeline and verdict, and the conclusion's exit code;
+* :mod:`.options` holds the command-line options and the settings they choose;
+* :mod:`.world` records what an invocation creates, checks the servers, and undoes it;
+* :mod:`.progress` is the status line on stderr;
 * :mod:`.processes` starts, freezes, thaws and stops the ``celery worker`` processes;
 * :mod:`.app` is the Celery app the workers run (``celery -A celery_fencing.demo.app``),
   built by :mod:`.tasks` from the ``CELERY_FENCING_DEMO_*`` environment

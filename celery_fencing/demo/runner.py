@@ -17,47 +17,29 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 from ..exceptions import FencingConfigurationError, FencingError
 from ..sources import token_source_from_url
 from .events import EventLog
+from .options import DemoOptions, check_options, settings_for
 from .processes import DemoWorker
-from .settings import DemoSettings
-from .store import AccountStore, describe_url, store_from_url
-from .tasks import DEPOSIT, DEPOSIT_UNFENCED, RETRY_COUNTDOWN
+from .progress import Progress
+from .store import describe_url, store_from_url
+from .story import ACCOUNT, EXPECTED, FIRST_DEPOSIT, OPENING_BALANCE, SECOND_DEPOSIT, WORKERS, Row, RunResult
+from .tasks import DEPOSIT, DEPOSIT_UNFENCED
+from .timeline import EXIT_FAILED, conclude, render_table, row_of, verdict
+from .timeline import EXIT_OK as EXIT_OK  # with the other exit codes, as before the split
+from .world import World, check_broker, check_zookeeper, delete_queues, delete_znodes, describe, preflight
 
 __all__ = ["DemoFailedError", "DemoOptions", "run_demo"]
 
-ACCOUNT = 42
-OPENING_BALANCE = 100
-FIRST_DEPOSIT = 10  # by W1, which is frozen between its read and its write
-SECOND_DEPOSIT = 20  # by W2, while W1 is frozen
-EXPECTED = OPENING_BALANCE + FIRST_DEPOSIT + SECOND_DEPOSIT
-WORKERS = ("W1", "W2")
-
-EXIT_OK = 0
-EXIT_FAILED = 1
+# The exit codes of a demo that did not reach its conclusion (timeline has EXIT_OK and EXIT_FAILED).
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    """The demo's command-line options: each server flag swaps one embedded component for a real one."""
-
-    zookeeper: str | None = None
-    redis: str | None = None
-    postgres: str | None = None
-    broker: str | None = None
-    keep: bool = False
-    wait_timeout: float = 40.0
 
 
 class DemoFailedError(Exception):
@@ -68,129 +50,6 @@ class _Interrupted(BaseException):
     """SIGTERM or SIGHUP: handled like Ctrl-C."""
 
 
-@dataclass
-class Row:
-    t: float
-    worker: str
-    action: str
-    token: str
-    outcome: str
-
-
-@dataclass
-class RunResult:
-    fenced: bool
-    rows: list[Row]
-    balance: int
-    refused: int
-    retried: int
-
-    @property
-    def lost(self) -> int:
-        return EXPECTED - self.balance
-
-
-class Progress:
-    """One status line on stderr: rewritten in place on a terminal, one line per change otherwise."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last = ""
-
-    def show(self, message: str, detail: str = "") -> None:
-        """Show *message*; *detail* (a countdown) is shown on a terminal only, so logs stay short."""
-        if self.tty:
-            line = f"... {message} {detail}".rstrip()
-            # One terminal row at most: \r cannot go back over a wrapped line.
-            line = line[: max(20, shutil.get_terminal_size().columns - 1)]
-            if line != self.last:
-                self.stream.write("\r\033[K" + line)
-                self.last = line
-        elif message != self.last:
-            self.stream.write("... " + message + "\n")
-            self.last = message
-        self.stream.flush()
-
-    def clear(self) -> None:
-        if self.tty and self.last:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-        self.last = ""
-
-
-@dataclass
-class _World:
-    """Everything one demo invocation created, so that cleanup can undo it."""
-
-    directory: Path
-    settings: DemoSettings
-    store: AccountStore | None = None
-    app: Any = None
-    workers: list[DemoWorker] = field(default_factory=list)
-    zookeeper_root: tuple[str, str] | None = None  # (hosts, root) to delete at the end
-
-
-def _normalise_postgres(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme in ("postgresql", "postgres"):
-        return parts._replace(scheme="postgresql+psycopg").geturl()
-    if not parts.scheme.startswith("postgresql+"):
-        raise FencingConfigurationError(f"--postgres needs a postgresql:// URL, got {describe_url(url)!r}")
-    return url
-
-
-def _check_options(options: DemoOptions) -> None:
-    if options.redis and options.postgres:
-        raise FencingConfigurationError(
-            "--redis and --postgres both choose where the account lives: give one of them (the demo has one gate)"
-        )
-    if options.redis and urlsplit(options.redis).scheme not in ("redis", "rediss"):
-        raise FencingConfigurationError(f"--redis needs a redis:// URL, got {describe_url(options.redis)!r}")
-    if options.postgres:
-        _normalise_postgres(options.postgres)
-    if options.broker is not None and "://" not in options.broker:
-        raise FencingConfigurationError(f"--broker needs a broker URL like redis://host:6379/0, got {options.broker!r}")
-
-
-def _settings_for(options: DemoOptions, directory: Path) -> tuple[DemoSettings, tuple[str, str] | None]:
-    namespace = "cfdemo" + uuid.uuid4().hex[:10]
-    zookeeper_root = None
-    if options.zookeeper:
-        hosts = options.zookeeper.removeprefix("zookeeper://").rstrip("/")
-        root = f"/celery-fencing-demo-{namespace}"
-        source = f"zookeeper://{hosts}{root}"
-        zookeeper_root = (hosts, root)
-    else:
-        source = f"sqlite:///{directory / 'tokens.db'}"
-    if options.redis:
-        store = options.redis
-    elif options.postgres:
-        store = _normalise_postgres(options.postgres)
-    else:
-        store = f"sqlite:///{directory / 'bank.db'}"
-    broker = options.broker or "filesystem://"
-    settings = DemoSettings(str(directory), namespace, broker, source, store)
-    return settings, zookeeper_root
-
-
-def _describe(settings: DemoSettings, store: AccountStore) -> list[tuple[str, str]]:
-    if settings.source.startswith("zookeeper://"):
-        source = f"ZooKeeper {urlsplit(settings.source).netloc} (token = zxid of a write)"
-    else:
-        source = "SQLite counter file (embedded, durable)"
-    if settings.broker.startswith("filesystem:"):
-        broker = "kombu filesystem transport (files in a temp dir)"
-    else:
-        broker = describe_url(settings.broker)
-    return [
-        ("token source", source),
-        ("storage", f"account {ACCOUNT} behind {store.description}"),
-        ("broker", broker),
-        ("results", "Celery file:// backend"),
-    ]
-
-
 class DemoRunner:
     """Owns one demo invocation: its temp dir, workers, server-side state and output."""
 
@@ -198,20 +57,20 @@ class DemoRunner:
         self.options = options
         self.out = out
         self.progress = Progress(err)
-        self.world: _World | None = None
+        self.world: World | None = None
         self.directory: Path | None = None  # set as soon as it exists, so cleanup finds it
         self.log: EventLog | None = None
         self.events: list[dict[str, Any]] = []
 
     # Setup -----------------------------------------------------------------
 
-    def prepare(self) -> _World:
-        _check_options(self.options)
+    def prepare(self) -> World:
+        check_options(self.options)
         directory = self.directory = Path(tempfile.mkdtemp(prefix="celery-fencing-demo-"))
         self.progress.show(f"working in {directory}")
-        settings, zookeeper_root = _settings_for(self.options, directory)
+        settings, zookeeper_root = settings_for(self.options, directory)
         self.progress.show(f"names on servers start with {settings.namespace}")
-        world = self.world = _World(directory, settings, zookeeper_root=zookeeper_root)
+        world = self.world = World(directory, settings, zookeeper_root=zookeeper_root)
         (directory / "results").mkdir()
         for sub in ("queue", "control", "processed"):
             (directory / "broker" / sub).mkdir(parents=True)
@@ -219,22 +78,22 @@ class DemoRunner:
 
         self.progress.show("preparing the account store")
         world.store = store_from_url(settings.store, settings.namespace)
-        _preflight("the account store", settings.store, world.store.setup)
+        preflight("the account store", settings.store, world.store.setup)
         if settings.source.startswith("sqlite:"):
             # Create the counter file (and its grantor id) once, here, rather
             # than in both workers as they start.
             self.progress.show("creating the token counter file")
-            _preflight("the token source", settings.source, lambda: token_source_from_url(settings.source).close())
+            preflight("the token source", settings.source, lambda: token_source_from_url(settings.source).close())
         if zookeeper_root is not None:
             self.progress.show(f"connecting to ZooKeeper at {zookeeper_root[0]}")
-            _preflight("ZooKeeper", settings.source, lambda: _check_zookeeper(settings.source))
+            preflight("ZooKeeper", settings.source, lambda: check_zookeeper(settings.source))
 
         from .tasks import build_app
 
         world.app = build_app(settings)
         if not settings.broker.startswith("filesystem:"):
             self.progress.show(f"connecting to the broker at {describe_url(settings.broker)}")
-            _preflight("the broker", settings.broker, lambda: _check_broker(world.app))
+            preflight("the broker", settings.broker, lambda: check_broker(world.app))
         return world
 
     def start_workers(self) -> None:
@@ -254,7 +113,7 @@ class DemoRunner:
 
     # Waiting ---------------------------------------------------------------
 
-    def _world(self) -> _World:
+    def _world(self) -> World:
         assert self.world is not None
         return self.world
 
@@ -316,7 +175,7 @@ class DemoRunner:
         )
         balance = world.store.read(ACCOUNT)
         mine = [e for e in self.events[first_event:] if e.get("task_id") in (first.id, second.id)]
-        rows = sorted([_row(e, start) for e in mine if e["kind"] != "hold"] + own, key=lambda r: r.t)
+        rows = sorted([row_of(e, start) for e in mine if e["kind"] != "hold"] + own, key=lambda r: r.t)
         refused = sum(1 for e in mine if e["kind"] == "refused")
         retried = sum(1 for e in mine if e["kind"] == "start" and e.get("attempt"))
         return RunResult(fenced, rows, balance, refused, retried)
@@ -328,7 +187,7 @@ class DemoRunner:
         assert world.store is not None
         lines = ["celery-fencing demo: the paused-writer race, played by real celery workers", ""]
         width = 14
-        for name, value in _describe(world.settings, world.store):
+        for name, value in describe(world.settings, world.store):
             lines.append(f"  {name:<{width}}{value}")
         pids = ", ".join(f"{w.name} (pid {w.pid})" for w in world.workers)
         lines.append(f"  {'workers':<{width}}{pids}: celery worker --pool solo")
@@ -379,7 +238,7 @@ class DemoRunner:
             worker.wait_stopped(grace=3)
         if world.app is not None:
             with contextlib.suppress(Exception):
-                _delete_queues(world.app, world.settings)
+                delete_queues(world.app, world.settings)
             with contextlib.suppress(Exception):
                 world.app.close()
         if world.store is not None:
@@ -391,151 +250,13 @@ class DemoRunner:
         if world.zookeeper_root is not None:
             self.progress.show("cleaning up: ZooKeeper znodes")
             with contextlib.suppress(Exception):
-                _delete_znodes(*world.zookeeper_root)
+                delete_znodes(*world.zookeeper_root)
         if self.options.keep:
             self.progress.clear()
             sys.stderr.write(f"kept the demo's files (logs, events, databases) in {world.directory}\n")
         else:
             shutil.rmtree(world.directory, ignore_errors=True)
         self.progress.clear()
-
-
-def _preflight(what: str, url: str, check: Callable[[], object]) -> None:
-    try:
-        check()
-    except FencingConfigurationError:
-        raise
-    except Exception as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FencingConfigurationError(f"cannot reach {what} at {describe_url(url)}: {detail}") from exc
-
-
-def _check_zookeeper(url: str) -> None:
-    from ..sources import token_source_from_url
-
-    source = token_source_from_url(url)
-    try:
-        connect = getattr(source, "connect", None)
-        if connect is not None:
-            connect(timeout=5)
-    finally:
-        source.close()
-
-
-def _check_broker(app: Any) -> None:
-    with app.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=5)
-
-
-def _delete_queues(app: Any, settings: DemoSettings) -> None:
-    if settings.broker.startswith("filesystem:"):
-        return  # the folders go with the temp dir
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
-        for name in WORKERS:
-            # Declared first: a virtual transport (Redis) deletes only the bindings it knows of.
-            queue = app.amqp.queues[settings.queue(name)].bind(channel)
-            queue.declare()
-            queue.delete()
-
-
-def _delete_znodes(hosts: str, root: str) -> None:
-    from kazoo.client import KazooClient
-
-    client = KazooClient(hosts=hosts, timeout=5)
-    client.start(timeout=5)
-    try:
-        client.delete(root, recursive=True)
-    finally:
-        client.stop()
-        client.close()
-
-
-# Rendering ---------------------------------------------------------------------
-
-
-def _token(event: dict[str, Any]) -> str:
-    value = event.get("token")
-    return "-" if value is None else str(value)
-
-
-def _row(event: dict[str, Any], start: float) -> Row:
-    kind = event["kind"]
-    t = event["t"] - start
-    worker = event.get("worker", "?")
-    amount = event.get("amount")
-    token = _token(event)
-    fenced = event.get("token") is not None
-    if kind == "start":
-        again = f" again (retry {event['attempt']})" if event.get("attempt") else ""
-        if fenced:
-            return Row(
-                t, worker, f"deposit {amount} starts{again}: mints, claims", token, f"claimed, mark {event['mark']}"
-            )
-        return Row(t, worker, f"deposit {amount} starts{again}", token, "")
-    if kind == "read":
-        return Row(t, worker, "reads the balance", token, f"balance {event['balance']}")
-    if kind == "wrote":
-        outcome = "accepted (token >= mark)" if event.get("checked") else "written: nothing checks"
-        return Row(t, worker, f"writes balance {event['balance']}", token, outcome)
-    if kind == "refused":
-        return Row(
-            t, worker, f"writes balance {event['balance']}", token, f"REFUSED: token {token} < mark {event['mark']}"
-        )
-    if kind == "fenced_out":
-        then = f"retry in {RETRY_COUNTDOWN:g}s with a new token" if event["action"] == "retry" else event["action"]
-        return Row(t, worker, f"fenced out ({event['phase']}): {then}", token, "")
-    return Row(t, worker, kind, token, "")
-
-
-def render_table(rows: list[Row]) -> str:
-    """The timeline as a fixed-width text table."""
-    header = Row(0.0, "worker", "action", "token", "storage outcome")
-    cells = [(f"{r.t:6.2f}s", r.worker, r.action, r.token, r.outcome) for r in rows]
-    titles = ("  time", header.worker, header.action, header.token, header.outcome)
-    widths = [max(len(titles[i]), *(len(c[i]) for c in cells)) for i in range(5)]
-    lines = ["  ".join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    for c in cells:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
-    return "\n".join("  " + line for line in lines)
-
-
-def verdict(result: RunResult) -> str:
-    if not result.fenced:
-        if result.lost > 0:
-            return (
-                f"fencing off: 1 update lost (balance {result.balance}, expected {EXPECTED}: W1's stale write "
-                f"destroyed W2's deposit of {result.lost}, and nobody was told)"
-            )
-        return f"fencing off: nothing lost (balance {result.balance}): the race did not happen"
-    if result.lost == 0 and result.refused and result.retried:
-        return (
-            f"fencing on: stale write rejected, task retried, nothing lost "
-            f"(balance {result.balance} = {OPENING_BALANCE} + {FIRST_DEPOSIT} + {SECOND_DEPOSIT})"
-        )
-    if result.lost == 0:
-        return f"fencing on: nothing lost (balance {result.balance}), but no stale write was rejected"
-    return f"fencing on: FAILED, balance {result.balance}, expected {EXPECTED}"
-
-
-def conclude(unfenced: RunResult, fenced: RunResult, out: TextIO) -> int:
-    """Print the overall result and return the exit code."""
-    if fenced.lost != 0:
-        out.write(f"\nFAILED: the fenced run lost an update (balance {fenced.balance}, expected {EXPECTED}).\n")
-        return EXIT_FAILED
-    if unfenced.lost == 0 or not fenced.refused:
-        out.write(
-            "\nThe demo proved nothing: the unfenced run should have lost an update and the fenced run should "
-            "have refused a stale write.\nRun it again; if this repeats, please report it.\n"
-        )
-        return EXIT_FAILED
-    out.write(
-        "\nThe same race, the same workers: without fencing an update vanished silently; with fencing the storage\n"
-        "refused the stale write and the task redid its work on fresh data.\n"
-        "Fence your own tasks next: see docs/quickstart.md.\n"
-    )
-    return EXIT_OK
 
 
 @contextlib.contextmanager
