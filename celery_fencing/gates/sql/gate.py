@@ -10,8 +10,8 @@ package docstring tells the story, the upsert per dialect and the errors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import ColumnElement, MetaData, Table, and_, update
@@ -124,6 +124,15 @@ class SQLGate:
         """The ``ALTER TABLE ... ADD COLUMN grantor ...`` that migrates a mark table made before grantor ids."""
         return self._marks.grantor_column_ddl()
 
+    @contextmanager
+    def _connected(self, doing: str, *, begin: bool = False) -> Iterator[Connection]:
+        """A connection of the gate's own (in a transaction of its own with *begin*): its failures are the gate's."""
+        try:
+            with self.engine.begin() if begin else self.engine.connect() as conn:
+                yield conn
+        except sa_exc.SQLAlchemyError as exc:
+            unavailable(exc, doing)
+
     # Gate protocol ------------------------------------------------------------
 
     def claim(self, token: FencingToken | None = None) -> None:
@@ -148,11 +157,8 @@ class SQLGate:
             or the applied-record table is missing.
         """
         validate_resource(resource)
-        try:
-            with self.engine.connect() as conn:
-                value = conn.execute(self._applied.select, {"resource": resource, "task_id": task_id}).scalar()
-        except sa_exc.SQLAlchemyError as exc:
-            unavailable(exc, "reading an applied record")
+        with self._connected("reading an applied record") as conn:
+            value = conn.execute(self._applied.select, {"resource": resource, "task_id": task_id}).scalar()
         return None if value is None else str(value)
 
     def prune_applied(self, limit: int = 1000) -> int:
@@ -167,11 +173,8 @@ class SQLGate:
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         params = {"limit": check_prune_limit(limit)}
-        try:
-            with self.engine.begin() as conn:
-                count: int = conn.execute(self._applied.prune, params).rowcount
-        except sa_exc.SQLAlchemyError as exc:
-            unavailable(exc, "pruning applied records")
+        with self._connected("pruning applied records", begin=True) as conn:
+            count: int = conn.execute(self._applied.prune, params).rowcount
         return count
 
     def high_water(self, resource: str) -> int | None:
@@ -181,12 +184,9 @@ class SQLGate:
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         validate_resource(resource)
-        try:
-            with self.engine.connect() as conn:
-                value: int | None = conn.execute(self._marks.select_mark, {"resource": resource}).scalar_one_or_none()
-                return value
-        except sa_exc.SQLAlchemyError as exc:
-            unavailable(exc, "reading the mark")
+        with self._connected("reading the mark") as conn:
+            value: int | None = conn.execute(self._marks.select_mark, {"resource": resource}).scalar_one_or_none()
+            return value
 
     def mark(self, resource: str) -> Mark | None:
         """Return the resource's committed mark with its grantor, or ``None`` if it was never claimed.
@@ -195,14 +195,11 @@ class SQLGate:
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         validate_resource(resource)
-        try:
-            with self.engine.connect() as conn:
-                if not self._marks.uses_grantor(conn):
-                    value = conn.execute(self._marks.select_mark, {"resource": resource}).scalar_one_or_none()
-                    return None if value is None else Mark(resource, int(value))
-                row = conn.execute(self._marks.select_mark_grantor, {"resource": resource}).one_or_none()
-        except sa_exc.SQLAlchemyError as exc:
-            unavailable(exc, "reading the mark")
+        with self._connected("reading the mark") as conn:
+            if not self._marks.uses_grantor(conn):
+                value = conn.execute(self._marks.select_mark, {"resource": resource}).scalar_one_or_none()
+                return None if value is None else Mark(resource, int(value))
+            row = conn.execute(self._marks.select_mark_grantor, {"resource": resource}).one_or_none()
         return None if row is None else Mark(resource, int(row[0]), row[1])
 
     def reset_mark(self, token: FencingToken, *, expected: Mark | None) -> None:
@@ -219,33 +216,30 @@ class SQLGate:
         """
         checked = resolve_token(token)
         t = self._table
-        try:
-            with self.engine.begin() as conn:
-                with_grantor = self._marks.uses_grantor(conn)
-                values: dict[str, Any] = {"token": checked.value}
+        with self._connected("resetting the mark", begin=True) as conn:
+            with_grantor = self._marks.uses_grantor(conn)
+            values: dict[str, Any] = {"token": checked.value}
+            if with_grantor:
+                values["grantor"] = checked.grantor
+            if expected is None:
+                count = conn.execute(self._marks.insert_if_absent(checked.resource, values)).rowcount
+            else:
+                condition = and_(t.c.resource == checked.resource, t.c.token == expected.value)
                 if with_grantor:
-                    values["grantor"] = checked.grantor
-                if expected is None:
-                    count = conn.execute(self._marks.insert_if_absent(checked.resource, values)).rowcount
-                else:
-                    condition = and_(t.c.resource == checked.resource, t.c.token == expected.value)
-                    if with_grantor:
-                        condition = and_(
-                            condition,
-                            t.c.grantor.is_(None) if expected.grantor is None else t.c.grantor == expected.grantor,
-                        )
-                    count = conn.execute(update(t).where(condition).values(**values)).rowcount
-                if count != 1:
-                    current = conn.execute(self._marks.select_mark, {"resource": checked.resource}).scalar_one_or_none()
-                    raise StaleTokenError(
-                        f"the mark of {checked.resource!r} changed since it was read (expected {expected}, "
-                        f"now {current}); nothing was reset",
-                        resource=checked.resource,
-                        token=checked.value,
-                        high_water=current,
+                    condition = and_(
+                        condition,
+                        t.c.grantor.is_(None) if expected.grantor is None else t.c.grantor == expected.grantor,
                     )
-        except sa_exc.SQLAlchemyError as exc:
-            unavailable(exc, "resetting the mark")
+                count = conn.execute(update(t).where(condition).values(**values)).rowcount
+            if count != 1:
+                current = conn.execute(self._marks.select_mark, {"resource": checked.resource}).scalar_one_or_none()
+                raise StaleTokenError(
+                    f"the mark of {checked.resource!r} changed since it was read (expected {expected}, "
+                    f"now {current}); nothing was reset",
+                    resource=checked.resource,
+                    token=checked.value,
+                    high_water=current,
+                )
 
     # Transaction mode ---------------------------------------------------------
 
