@@ -233,16 +233,19 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         script runs once more (and then refuses the token as below the floor,
         unless it was minted after it).
         """
-        for attempt in (1, 2):
-            try:
-                return self.ensure(script, (keys, args))
-            except ResponseError as exc:
-                if parse_refusal(str(exc)) is None:
-                    raise
-                if attempt == 2 or not is_unarmed_refusal(exc):
-                    return exc
+        reply = self._send(script, keys, args)
+        if is_unarmed_refusal(reply):
             arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
-        raise AssertionError("unreachable")  # pragma: no cover
+            reply = self._send(script, keys, args)
+        return reply
+
+    def _send(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return self.ensure(script, (keys, args))
+        except ResponseError as exc:
+            if parse_refusal(str(exc)) is None:
+                raise
+            return exc
 
     def _claim_args(self, token: FencingToken) -> list[Any]:
         return [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
