@@ -10,18 +10,20 @@ seen. Shared by :class:`~celery_fencing.RedisGate` and the fenced result backend
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
-from ..exceptions import InvalidArgumentError, StoreUnarmedError
+from ..exceptions import FencingConfigurationError, InvalidArgumentError, StoreUnarmedError
 from ..protocols import TokenSource
-from ..token import FencingToken
-from .redis_keys import MARK_WIDTH, decode_mark, encode_mark
-from .redis_scripts import parse_refusal
+from ..token import FencingToken, validate_resource
+from .redis_keys import MARK_WIDTH, decode_mark, encode_mark, hash_tag
+from .redis_scripts import ARM_SCRIPT, parse_refusal
 
 __all__ = [
     "FLOOR_RESOURCE",
+    "StoreFloors",
     "arm_unarmed_store",
     "decode_floor",
     "encode_floor",
@@ -97,3 +99,77 @@ def is_unarmed_refusal(reply: object) -> bool:
     """Whether a script's reply is the refusal of a store without its floor."""
     refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
     return refusal is not None and refusal[0] == "unarmed"
+
+
+# Floor keys a StoreFloors remembers as armed; bounded, as a cluster has one per hash tag.
+_MAX_REMEMBERED = 256
+
+
+class StoreFloors:
+    """The floor of a RedisGate's store: one key, or in a cluster one per hash tag (*per_tag*).
+
+    *unavailable* turns a redis-py error into the gate's own error.
+    """
+
+    def __init__(
+        self, client: Any, key: str, *, per_tag: bool, store: str, unavailable: Callable[[RedisError], NoReturn]
+    ) -> None:
+        self.client = client
+        self.base_key = key
+        self.per_tag = per_tag
+        self.store = store
+        self._unavailable = unavailable
+        self._script: Any = client.register_script(ARM_SCRIPT)
+        # Floor keys seen armed (ensure): after that the scripts alone watch them.
+        self._armed: set[str] = set()
+
+    def key(self, resource: str) -> str:
+        """The floor key guarding *resource*: ``<key>``, or ``<key>:{<tag>}`` in a cluster."""
+        if self.per_tag:
+            tag = hash_tag(resource)
+            if tag is not None:
+                return f"{self.base_key}:{{{tag}}}"
+        return self.base_key
+
+    def read(self, resource: str) -> int | None:
+        """The floor guarding *resource*, or ``None`` when the store is unarmed."""
+        validate_resource(resource)
+        try:
+            raw = self.client.get(self.key(resource))
+        except RedisError as exc:
+            self._unavailable(exc)
+        return None if raw is None else decode_floor(raw)
+
+    def arm(self, resource: str, floor: int | FencingToken | None, source: TokenSource | None) -> int:
+        """Raise the floor guarding *resource* to *floor* (a token minted from *source* when ``None``)."""
+        if floor is None:
+            if source is None:
+                raise FencingConfigurationError(f"{self.store}.arm() without a floor needs the gate's source=")
+            floor = mint_floor(source)
+        stored = encode_floor(floor)
+        validate_resource(resource)
+        try:
+            return decode_floor(self._script(keys=[self.key(resource)], args=[stored, 0]))
+        except RedisError as exc:
+            self._unavailable(exc)
+
+    def arm_unarmed(self, resource: str, source: TokenSource | None) -> None:
+        """Arm the store of *resource*, found unarmed by a script, from *source*."""
+        try:
+            arm_unarmed_store(self._script, self.key(resource), source, self.store)
+        except RedisError as exc:
+            self._unavailable(exc)
+
+    def ensure(self, resource: str, source: TokenSource | None) -> None:
+        """Arm the store of *resource* from *source* if it has no floor; checked once per floor key."""
+        key = self.key(resource)
+        if key in self._armed:
+            return
+        try:
+            if not self.client.exists(key):
+                arm_unarmed_store(self._script, key, source, self.store)
+        except RedisError as exc:
+            self._unavailable(exc)
+        if len(self._armed) >= _MAX_REMEMBERED:
+            self._armed.clear()
+        self._armed.add(key)
