@@ -56,9 +56,10 @@ from ..exceptions import (
     TokenUnavailableError,
 )
 from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleState, decide, policy_from_setting
-from ..protocols import FencedResultStore, FlooredStore, Gate
+from ..protocols import FencedResultStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
+from .claims import _own_method, arm_stores, claim_stores
 from .options import check_task_options
 from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
@@ -224,12 +225,9 @@ class FencedTask(Task):  # type: ignore[misc]
         A store without its floor (new, or it lost its data) refuses every token;
         armed now, from the worker's source, the token minted next passes it.
         """
-        stores: list[Any] = [gate for gate in runtime.gates(self) if isinstance(gate, FlooredStore)]
-        if not self.request.ignore_result and isinstance(self.backend, FlooredStore):
-            stores.append(self.backend)
+        backend = None if self.request.ignore_result else self.backend
         try:
-            for store in stores:
-                store.ensure_armed(resource, source)
+            arm_stores(runtime.gates(self), backend, resource, source)
         except (GateUnavailableError, TokenUnavailableError) as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
 
@@ -290,38 +288,10 @@ class FencedTask(Task):  # type: ignore[misc]
         return execution
 
     def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any, batch: bool) -> None:
-        """Claim *token* on every gate and on the task's result before the body runs.
-
-        One by one, in order, stopping at the first refusal: a claim refused by a
-        gate leaves the later gates and the result untouched, so an older
-        execution of the task that is still running can finish its writes and
-        its result. With *batch* (the resource is the task id), the claims that
-        are Lua scripts on one Redis server (a RedisGate and the fenced result
-        backend, typically) go in one round trip and all run: a gate can then
-        only have refused because a newer execution of the same task claimed
-        it, and that execution owns the result anyway.
-        """
-        batched: list[Any] = []
-        for gate in runtime.gates(self):
-            # Only a gate's own claim_call: a wrapper (MeteredGate) that forwards
-            # unknown attributes would have its claim() skipped.
-            prepare = _own_method(gate, "claim_call") if batch else None
-            if prepare is None:
-                gate.claim(token)
-            else:
-                batched.append(prepare(token))
-        if not request.ignore_result:
-            prepare_result = _own_method(self.backend, "claim_result_call") if batch else None
-            if prepare_result is not None:
-                batched.append(prepare_result(request.id, token))
-            else:
-                claim_result = getattr(self.backend, "claim_result", None)
-                if claim_result is not None:
-                    claim_result(request.id, token)
-        if batched:
-            from ..gates.redis_batch import run_script_calls
-
-            run_script_calls(batched)
+        """Claim *token* on every gate and on the task's result before the body runs (see :func:`claim_stores`)."""
+        claim_stores(
+            runtime.gates(self), None if request.ignore_result else self.backend, token, request.id, batch=batch
+        )
 
     def _take_lease(
         self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings
@@ -525,10 +495,3 @@ def fenced_task(
         return app.task(**options)(fun)
 
     return decorate
-
-
-def _own_method(target: Any, name: str) -> Any:
-    """``target.name`` if *target*'s class defines it, else ``None`` (not one a proxy forwards)."""
-    if getattr(type(target), name, None) is None:
-        return None
-    return getattr(target, name)
