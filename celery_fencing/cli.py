@@ -1,4 +1,4 @@
-"""The ``celery-fencing`` command: ``demo``, ``inspect``, ``doctor``, ``rebase`` and ``repair``.
+"""The ``celery-fencing`` command: ``demo``, ``inspect``, ``doctor``, ``arm``, ``rebase`` and ``repair``.
 
 ::
 
