@@ -128,6 +128,8 @@ class RedisGate:
         self._floors = StoreFloors(
             client, f"{prefix}:floor", per_tag=self._cluster, store="RedisGate", unavailable=raise_unavailable
         )
+        # Outside a cluster the floor key is one per store: the hot path reads it, not a method.
+        self._store_floor_key: str | None = None if self._cluster else self._floors.base_key
         # register_script only hashes the source (no I/O), once per gate; _evalsha loads it again
         # after a NOSCRIPT. Typed Any: the stubs (types-redis) lack Script's ``sha`` and ``script``.
         self._claim_script: Any = client.register_script(CLAIM_SCRIPT)
@@ -166,7 +168,7 @@ class RedisGate:
         return [self._mark_prefix + token.resource, self._grantor_prefix + token.resource]
 
     def _claim_keys(self, token: FencingToken) -> list[str]:
-        return [*self._mark_keys(token), self.floor_key(token.resource)]
+        return [*self._mark_keys(token), self._store_floor_key or self._floors.key(token.resource)]
 
     def _fence_keys(self, token: FencingToken, record: AppliedRecord | None) -> list[str]:
         """KEYS[1..4] of a write script: mark, grantor, applied-record and floor keys."""
@@ -177,7 +179,7 @@ class RedisGate:
             self._mark_prefix + token.resource,
             self._grantor_prefix + token.resource,
             self._applied_key(token.resource, task_id),
-            self.floor_key(token.resource),
+            self._store_floor_key or self._floors.key(token.resource),
         ]
 
     def _applied_key(self, resource: str, task_id: str) -> str:
