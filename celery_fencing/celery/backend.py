@@ -45,7 +45,7 @@ from ..exceptions import (
     StaleTokenError,
 )
 from ..gates.redis_batch import ScriptCall
-from ..gates.redis_floor import arm_unarmed_store, decode_floor, encode_floor, is_unarmed_refusal
+from ..gates.redis_floor import arm_unarmed_store, encode_floor, is_unarmed_refusal, raise_floor
 from ..gates.redis_scripts import (
     ARM_SCRIPT,
     CLAIM_RESULT_SCRIPT,
@@ -154,9 +154,8 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         a token below the floor are refused. A fenced task arms an unarmed
         store by itself, from the worker's source.
         """
-        stored = encode_floor(floor)
-        arm = self._registered_arm()
-        return decode_floor(self.ensure(arm, ([self.floor_key], [stored, 0])))
+        encode_floor(floor)  # checked before Celery's retries, which only retry connection errors
+        return int(self.ensure(raise_floor, (self._registered_arm(), self.floor_key, floor)))
 
     def ensure_armed(self, resource: str, source: TokenSource) -> None:
         """Arm the store from *source* if it has no floor, once per client (see ``FlooredStore``)."""

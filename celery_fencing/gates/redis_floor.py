@@ -29,6 +29,7 @@ __all__ = [
     "encode_floor",
     "is_unarmed_refusal",
     "mint_floor",
+    "raise_floor",
 ]
 
 logger = logging.getLogger("celery_fencing.gates.redis")
@@ -95,6 +96,16 @@ def arm_unarmed_store(arm_script: Any, key: str, source: TokenSource | None, sto
     return armed
 
 
+def raise_floor(arm_script: Any, key: str, floor: int | FencingToken) -> int:
+    """Raise the floor at *key* to *floor* (never lower it); return the floor in force. redis-py errors propagate.
+
+    *arm_script* is :data:`~celery_fencing.gates.redis_scripts.ARM_SCRIPT`
+    registered on the store's client. The floor is checked before any I/O.
+    """
+    stored = encode_floor(floor)
+    return decode_floor(arm_script(keys=[key], args=[stored, 0]))
+
+
 def is_unarmed_refusal(reply: object) -> bool:
     """Whether a script's reply is the refusal of a store without its floor."""
     refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
@@ -146,10 +157,10 @@ class StoreFloors:
             if source is None:
                 raise FencingConfigurationError(f"{self.store}.arm() without a floor needs the gate's source=")
             floor = mint_floor(source)
-        stored = encode_floor(floor)
+        encode_floor(floor)  # bad input is refused before the resource is looked at
         validate_resource(resource)
         try:
-            return decode_floor(self._script(keys=[self.key(resource)], args=[stored, 0]))
+            return raise_floor(self._script, self.key(resource), floor)
         except RedisError as exc:
             self._unavailable(exc)
 

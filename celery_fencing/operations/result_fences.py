@@ -32,15 +32,14 @@ class ResultFences:
 
     def arm(self, floor: int | FencingToken) -> int:
         """Set the backend store's floor unless it holds a higher one; return the floor in force (``arm``)."""
-        from ..gates.redis_floor import decode_floor, encode_floor
+        from ..gates.redis_floor import encode_floor, raise_floor
         from ..gates.redis_scripts import ARM_SCRIPT
 
-        stored = encode_floor(floor)
+        encode_floor(floor)  # bad input is refused before any I/O
         try:
-            raw = self.client.register_script(ARM_SCRIPT)(keys=[self.floor_key], args=[stored, 0])
+            return raise_floor(self.client.register_script(ARM_SCRIPT), self.floor_key, floor)
         except Exception as exc:  # redis-py's errors: the server could not be written
             raise GateUnavailableError(f"cannot arm the result backend's store: {exc}", gate="result") from exc
-        return decode_floor(raw)
 
     def _fields(self, task_id: str) -> dict[str, str]:
         try:
