@@ -154,8 +154,7 @@ class TLSZooKeeperServer(zk.ZooKeeperServer):
     The plain ``clientPort`` stays on loopback for the fixture's health checks
     (four-letter words); the tests connect to ``secure_port``. Debian's
     ZooKeeper jar lists netty's handler and transport on its class path but
-    not netty-codec, which the TLS handler needs: :meth:`launch_classpath`
-    adds it.
+    not netty-codec, which the TLS handler needs: its node's class path adds it.
     """
 
     EXTRA_CLASSPATH = ":/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar"
@@ -178,15 +177,8 @@ class TLSZooKeeperServer(zk.ZooKeeperServer):
             "ssl.trustStore.type=PEM",
             "ssl.clientAuth=need",
         ]
-        return zk.ZooKeeperNode(directory, port, "\n".join(config) + "\n", heap=self.heap)
-
-    def start(self, timeout: float = zk.START_TIMEOUT) -> None:
-        original = zk.CLASSPATH
-        zk.CLASSPATH = original + self.EXTRA_CLASSPATH  # read by ZooKeeperNode.launch
-        try:
-            super().start(timeout)
-        finally:
-            zk.CLASSPATH = original
+        classpath = zk.CLASSPATH + self.EXTRA_CLASSPATH
+        return zk.ZooKeeperNode(directory, port, "\n".join(config) + "\n", heap=self.heap, classpath=classpath)
 
     @property
     def secure_hosts(self) -> str:
