@@ -173,7 +173,8 @@ def _run_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     from .operations.inspection import inspect_resources, open_peeker
-    from .operations.urls import OpenedGate, gate_from_url, redact
+    from .operations.urls import OpenedGate, gate_from_url
+    from .urls import redact_url
 
     if not args.gate:
         raise FencingConfigurationError("inspect needs at least one --gate URL (where the marks are kept)")
@@ -194,7 +195,7 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     failing = any(report.problems for report in reports)
     if args.json:
         document = {
-            "source": redact(args.source),
+            "source": redact_url(args.source),
             "grantor": grantor,
             "gates": [gate.label for gate in opened],
             "resources": [report.to_json() for report in reports],
@@ -300,7 +301,8 @@ def _run_doctor(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
     from .operations.admin import apply_changes, open_admin_source, plan_rebase, plan_repair
-    from .operations.urls import OpenedGate, gate_from_url, redact
+    from .operations.urls import OpenedGate, gate_from_url
+    from .urls import redact_url
 
     if not args.gate:
         raise FencingConfigurationError(f"{args.command} needs at least one --gate URL (where the marks are kept)")
@@ -327,7 +329,7 @@ def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         document = {
             "command": args.command,
-            "source": redact(args.source),
+            "source": redact_url(args.source),
             "grantor": grantor,
             "applied": bool(args.yes),
             "changes": [change.to_json() for change in changes],
@@ -335,7 +337,7 @@ def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
         }
         out.write(json.dumps(document, indent=2) + "\n")
         return code
-    out.write(f"{args.command}: source {redact(args.source)} (grantor {grantor})\n")
+    out.write(f"{args.command}: source {redact_url(args.source)} (grantor {grantor})\n")
     if not changes:
         out.write("nothing to change\n")
         return code
@@ -350,7 +352,8 @@ def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
-    from .operations.urls import OpenedGate, gate_from_url, redact
+    from .operations.urls import OpenedGate, gate_from_url
+    from .urls import redact_url
 
     if not args.gate:
         raise FencingConfigurationError("arm needs at least one --gate URL (a Redis store)")
@@ -362,7 +365,7 @@ def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
             gate = gate_from_url(url, redis_prefix=args.redis_prefix)
             opened.append(gate)
             if not callable(getattr(gate.gate, "arm", None)):
-                raise FencingConfigurationError(f"{redact(url)!r} is no Redis store: only Redis stores have floors")
+                raise FencingConfigurationError(f"{redact_url(url)!r} is no Redis store: only Redis stores have floors")
         floor = args.floor
         if floor is None:
             from .gates.redis_floor import mint_floor

@@ -34,7 +34,8 @@ from typing import Any
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
 from ..protocols import TokenSource
 from ..token import FencingToken, Mark, validate_resource
-from .urls import OpenedGate, redact
+from ..urls import redact_url
+from .urls import OpenedGate
 
 __all__ = ["AUDIT_LOGGER", "MarkChange", "apply_changes", "open_admin_source", "plan_rebase", "plan_repair"]
 
@@ -81,7 +82,8 @@ def open_admin_source(url: str) -> TokenSource:
     :raises FencingConfigurationError: malformed URL, unknown scheme, missing
         file, or a source that has no grantor id (memory://).
     """
-    from ..sources import split_url, token_source_from_url
+    from ..sources import token_source_from_url
+    from ..urls import split_url
 
     if not isinstance(url, str) or "://" not in url:
         raise FencingConfigurationError(
@@ -100,7 +102,7 @@ def open_admin_source(url: str) -> TokenSource:
     source = token_source_from_url(url)
     if not callable(getattr(source, "grantor_id", None)):
         source.close()
-        raise FencingConfigurationError(f"{redact(url)!r} names a source without a grantor id")
+        raise FencingConfigurationError(f"{redact_url(url)!r} names a source without a grantor id")
     return source
 
 

@@ -31,13 +31,13 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, quote
+from urllib.parse import quote
 
 from ..exceptions import FencingConfigurationError, FencingError, InvalidTokenError
 from ..protocols import AppliedRecords
-from ..sources import split_url
 from ..token import Mark, validate_grantor, validate_resource
-from .urls import OpenedGate, redact
+from ..urls import query_params, redact_url, split_url
+from .urls import OpenedGate
 
 __all__ = ["Peek", "ResourceReport", "inspect_resources", "open_peeker"]
 
@@ -79,9 +79,7 @@ class SQLitePeeker:
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise FencingConfigurationError(f"sqlite:// URL {url!r} names no database file")
-        unknown = sorted(set(dict(parse_qsl(parts.query))) - {"timeout"})
-        if unknown:
-            raise FencingConfigurationError(f"unknown parameter(s) {', '.join(unknown)} in {url!r}")
+        query_params(parts, {"timeout"}, what="sqlite:// URL", shown=url)
         if not Path(path).is_file():
             raise FencingConfigurationError(
                 f"token database {path!r} does not exist: nothing was minted there, or the path is wrong"
@@ -228,7 +226,7 @@ class UnpeekablePeeker:
     """A source whose counter cannot be read from outside (memory://)."""
 
     def __init__(self, url: str, reason: str) -> None:
-        self.description = redact(url)
+        self.description = redact_url(url)
         self.reason = reason
 
     grantor = None
@@ -267,7 +265,7 @@ def open_peeker(url: str) -> Peeker:
     if scheme == "memory":
         return UnpeekablePeeker(url, "memory:// lives inside one process: its counter cannot be read from here")
     raise FencingConfigurationError(
-        f"unknown token source scheme {scheme!r} in {redact(url)!r}; known schemes: etcd, memory, sqlite, zookeeper"
+        f"unknown token source scheme {scheme!r} in {redact_url(url)!r}; known schemes: etcd, memory, sqlite, zookeeper"
     )
 
 

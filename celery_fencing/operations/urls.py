@@ -20,27 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..exceptions import FencingConfigurationError
 from ..protocols import Gate
-from ..sources import split_url
+from ..urls import redact_url, split_url
 
-__all__ = ["GATE_SCHEMES", "OpenedGate", "gate_from_url", "redact", "sqlalchemy_url"]
+__all__ = ["GATE_SCHEMES", "OpenedGate", "gate_from_url", "sqlalchemy_url"]
 
 GATE_SCHEMES = ("redis", "rediss", "unix", "postgresql", "postgres", "mysql", "mariadb", "sqlite")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for printing."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    if password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@")).geturl()
 
 
 def _installed(module: str) -> bool:
@@ -76,7 +63,7 @@ class OpenedGate:
 
     @property
     def label(self) -> str:
-        return redact(self.url)
+        return redact_url(self.url)
 
 
 def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | None = None) -> OpenedGate:
@@ -95,8 +82,8 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
     base = scheme.split("+", 1)[0]
     if base not in GATE_SCHEMES:
         raise FencingConfigurationError(
-            f"unknown gate URL scheme {scheme!r} in {redact(url)!r}; known: redis, rediss, unix, postgresql, mysql, "
-            "mariadb, sqlite"
+            f"unknown gate URL scheme {scheme!r} in {redact_url(url)!r}; known: redis, rediss, unix, postgresql, "
+            "mysql, mariadb, sqlite"
         )
     if base in ("redis", "rediss", "unix"):
         try:
@@ -108,7 +95,7 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
         try:
             client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
         except (ValueError, TypeError) as exc:
-            raise FencingConfigurationError(f"malformed Redis URL {redact(url)!r}: {exc}") from exc
+            raise FencingConfigurationError(f"malformed Redis URL {redact_url(url)!r}: {exc}") from exc
         return OpenedGate(url, RedisGate(client, prefix=redis_prefix), "redis", client.close, client)
     try:
         from sqlalchemy import create_engine
@@ -124,10 +111,10 @@ def gate_from_url(url: str, *, redis_prefix: str = "fencing", sql_table: str | N
     try:
         engine = create_engine(target, connect_args=connect_args)
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise FencingConfigurationError(f"malformed database URL {redact(url)!r}: {exc}") from exc
+        raise FencingConfigurationError(f"malformed database URL {redact_url(url)!r}: {exc}") from exc
     except ImportError as exc:
         raise FencingConfigurationError(
-            f"{redact(url)!r} needs the database driver {exc.name!r}, which is not installed"
+            f"{redact_url(url)!r} needs the database driver {exc.name!r}, which is not installed"
         ) from exc
     gate = SQLGate(engine, table=sql_table or DEFAULT_TABLE)
     return OpenedGate(url, gate, "sql", engine.dispose, engine)
@@ -144,7 +131,7 @@ def _result_fences(url: str) -> OpenedGate:
     try:
         client = redis.Redis.from_url(url.removeprefix("fenced+"), socket_connect_timeout=5, socket_timeout=5)
     except (ValueError, TypeError) as exc:
-        raise FencingConfigurationError(f"malformed Redis URL {redact(url)!r}: {exc}") from exc
+        raise FencingConfigurationError(f"malformed Redis URL {redact_url(url)!r}: {exc}") from exc
     return OpenedGate(url, ResultFences(client), "result", client.close, client)
 
 

@@ -21,12 +21,13 @@ so ``import celery_fencing`` pulls in no driver.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
-from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ..exceptions import FencingConfigurationError
 from ..protocols import TokenSource
+
+# Re-exported: sources named these before they moved to the core's URL module.
+from ..urls import parse_seconds, query_params, redact_url, split_url
 
 if TYPE_CHECKING:
     from .etcd import EtcdTokenSource
@@ -45,50 +46,6 @@ __all__ = [
 ]
 
 SCHEMES = ("etcd", "memory", "sqlite", "zookeeper")
-
-
-def redact_url(url: object) -> str:
-    """*url* with the password of its ``user:password@`` part replaced by ``***``, for messages and logs.
-
-    Works on malformed URLs too (it never raises): everything between ``//``
-    and the last ``@`` before the path is treated as credentials.
-    """
-    text = str(url)
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        return text
-    end = len(rest)
-    for stop in "/?#":
-        index = rest.find(stop)
-        if index != -1:
-            end = min(end, index)
-    netloc, tail = rest[:end], rest[end:]
-    credentials, at, hosts = netloc.rpartition("@")
-    if not at:
-        return text
-    user, colon, _ = credentials.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{tail}"
-
-
-def split_url(url: str, what: str = "URL") -> SplitResult:
-    """``urlsplit(url)``, with its ``ValueError`` (an unclosed ``[``, say) as FencingConfigurationError.
-
-    The message never repeats the URL: it may hold a password.
-    """
-    try:
-        return urlsplit(url)
-    except ValueError as exc:
-        raise FencingConfigurationError(f"malformed {what}: {exc}") from None
-
-
-def _parse_seconds(url: str, name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise FencingConfigurationError(f"{name}={raw!r} in {url!r} must be a positive number of seconds")
-    return value
 
 
 def token_source_from_url(url: str) -> TokenSource:
@@ -119,17 +76,8 @@ def token_source_from_url(url: str) -> TokenSource:
         source: TokenSource = ZooKeeperTokenSource.from_url(url)
         return source
     shown = redact_url(url)
-    try:
-        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise FencingConfigurationError(f"malformed query string in token source URL {shown!r}: {exc}") from exc
-    allowed = {"timeout"}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise FencingConfigurationError(
-            f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; {scheme}:// accepts {', '.join(sorted(allowed))}"
-        )
-    seconds = {name: _parse_seconds(shown, name, raw) for name, raw in params.items()}
+    params = query_params(parts, {"timeout"}, what="token source URL", shown=shown)
+    seconds = {name: parse_seconds(shown, name, raw) for name, raw in params.items()}
 
     if scheme == "memory":
         if parts.netloc or parts.path not in ("", "/"):

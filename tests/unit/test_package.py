@@ -38,6 +38,7 @@ def test_public_names_are_in_all() -> None:
         "sources",
         "testing",
         "token",
+        "urls",
     }
     assert public - submodules - {"annotations", "importlib", "TYPE_CHECKING", "Any"} <= set(celery_fencing.__all__)
 

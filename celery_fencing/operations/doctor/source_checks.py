@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...exceptions import FencingConfigurationError, FencingError, TokenUnavailableError
-from ..urls import redact
+from ...urls import redact_url
 from .report import DOCTOR_RESOURCE, Report
 
 __all__ = ["ZOOKEEPER_MIN_SESSION", "SourceChecks"]
@@ -35,7 +35,7 @@ class SourceChecks(Report):
                 "(or pass --fencing-source to every worker)",
             )
             return None
-        shown = redact(settings.source) if isinstance(settings.source, str) else type(settings.source).__name__
+        shown = redact_url(settings.source) if isinstance(settings.source, str) else type(settings.source).__name__
         try:
             source = runtime_for(self.app).source()
         except FencingConfigurationError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...exceptions import FencingError
-from ..urls import redact
+from ...urls import redact_url
 from .config_values import url_scheme
 from .report import DOCTOR_RESOURCE, Report, join_names
 
@@ -133,7 +133,7 @@ class StorageChecks(Report):
                 "warning",
                 f"result_backend is plain {scheme}://: the result of a stale execution can overwrite the newer "
                 f"execution's result (tasks: {join_names(with_results)})",
-                f"result_backend = 'fenced+{redact(str(backend_url))}' (same options as the Redis backend)",
+                f"result_backend = 'fenced+{redact_url(str(backend_url))}' (same options as the Redis backend)",
             )
         elif scheme and scheme != "disabled" and with_results:
             self.add(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..urls import redact
+from ...urls import redact_url
 from .config_values import positive_seconds, url_scheme
 from .report import Report, join_names
 
@@ -29,7 +29,7 @@ class TimingChecks(Report):
         return url_scheme(self.app.conf.broker_url) or "amqp"
 
     def check_broker(self) -> None:
-        shown = redact(str(self.app.conf.broker_url or "amqp://guest@localhost//"))
+        shown = redact_url(str(self.app.conf.broker_url or "amqp://guest@localhost//"))
         try:
             with self.app.connection_for_write(connect_timeout=5) as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)

@@ -11,10 +11,10 @@ import math
 import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 from ...exceptions import FencingConfigurationError
-from .. import _parse_seconds, split_url
+from ...urls import parse_seconds, query_params, redact_url, split_url
 
 __all__ = ["parse_url", "validate_endpoints", "validate_prefix", "validate_seconds"]
 
@@ -67,38 +67,30 @@ def parse_url(url: str) -> dict[str, Any]:
     """The arguments of :class:`~celery_fencing.EtcdTokenSource` that *url* spells (see ``from_url``)."""
     if not isinstance(url, str):
         raise FencingConfigurationError(f"etcd URL must be a str, got {type(url).__name__}")
+    shown = redact_url(url)
     parts = split_url(url, "etcd URL")
     if parts.scheme.lower() != "etcd":
-        raise FencingConfigurationError(f"not an etcd:// URL: {url!r}")
+        raise FencingConfigurationError(f"not an etcd:// URL: {shown!r}")
     if "@" in parts.netloc:
-        raise FencingConfigurationError(f"credentials in the etcd URL are not supported: {url!r}")
+        raise FencingConfigurationError(f"credentials in the etcd URL are not supported: {shown!r}")
     if not parts.netloc:
-        raise FencingConfigurationError(f"etcd:// URL {url!r} names no host")
+        raise FencingConfigurationError(f"etcd:// URL {shown!r} names no host")
     if parts.fragment:
-        raise FencingConfigurationError(f"etcd:// URL {url!r} must not have a #fragment")
+        raise FencingConfigurationError(f"etcd:// URL {shown!r} must not have a #fragment")
     endpoints = validate_endpoints(parts.netloc, url)
     path = unquote(parts.path)
     prefix = path if path not in ("", "/") else "/fencing"
-    try:
-        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise FencingConfigurationError(f"malformed query string in etcd URL {url!r}: {exc}") from exc
-    allowed = {"timeout", "lease_ttl", "cluster_id"}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise FencingConfigurationError(
-            f"unknown parameter(s) {', '.join(unknown)} in {url!r}; etcd:// accepts {', '.join(sorted(allowed))}"
-        )
+    params = query_params(parts, {"timeout", "lease_ttl", "cluster_id"}, what="etcd URL", shown=shown)
     cluster_id = None
     raw_id = params.pop("cluster_id", None)
     if raw_id is not None:
         try:
             cluster_id = int(raw_id, 0)
         except ValueError:
-            raise FencingConfigurationError(f"cluster_id={raw_id!r} in {url!r} is not an integer") from None
-    seconds = {name: _parse_seconds(url, name, raw) for name, raw in params.items()}
+            raise FencingConfigurationError(f"cluster_id={raw_id!r} in {shown!r} is not an integer") from None
+    seconds = {name: parse_seconds(shown, name, raw) for name, raw in params.items()}
     try:
         prefix = validate_prefix(prefix)
     except FencingConfigurationError as exc:
-        raise FencingConfigurationError(f"{exc} (in {url!r})") from None
+        raise FencingConfigurationError(f"{exc} (in {shown!r})") from None
     return {"endpoints": endpoints, "prefix": prefix, "cluster_id": cluster_id, **seconds}

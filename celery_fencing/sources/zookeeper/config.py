@@ -16,13 +16,13 @@ import re
 import threading
 import time
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 from kazoo.protocol.serialization import Auth
 from kazoo.security import make_digest_acl
 
 from ...exceptions import FencingConfigurationError
-from .. import _parse_seconds, redact_url, split_url
+from ...urls import parse_seconds, query_params, redact_url, split_url
 
 __all__ = [
     "KAZOO_LOGGER",
@@ -287,18 +287,9 @@ def parse_url(url: str) -> UrlSettings:
     hosts = validate_hosts(netloc, shown)
     path = unquote(parts.path)
     root = path if path not in ("", "/") else "/fencing"
-    try:
-        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise FencingConfigurationError(f"malformed query string in ZooKeeper URL {shown!r}: {exc}") from exc
-    allowed = {"timeout", "session_timeout"} | _TLS_PARAMS
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise FencingConfigurationError(
-            f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; zookeeper:// accepts {', '.join(sorted(allowed))}"
-        )
+    params = query_params(parts, {"timeout", "session_timeout"} | _TLS_PARAMS, what="ZooKeeper URL", shown=shown)
     tls = _url_tls(params, shown)
-    seconds = {name: _parse_seconds(shown, name, raw) for name, raw in params.items() if name not in _TLS_PARAMS}
+    seconds = {name: parse_seconds(shown, name, raw) for name, raw in params.items() if name not in _TLS_PARAMS}
     try:
         root = validate_root(root)
     except FencingConfigurationError as exc:

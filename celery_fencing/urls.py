@@ -1,0 +1,86 @@
+"""URLs in configuration: split, read their query parameters against an allow-list, and show them without a password.
+
+One copy of each, used by every source, gate and command that takes a URL:
+error messages and logs name a URL only through :func:`redact_url`, which never
+returns a password, whether the URL is well formed or not.
+"""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import SplitResult, parse_qsl, urlsplit
+
+from .exceptions import FencingConfigurationError
+
+__all__ = ["parse_seconds", "query_params", "redact_url", "split_url"]
+
+
+def redact_url(url: object) -> str:
+    """*url* with the password of its ``user:password@`` part replaced by ``***``, for messages and logs.
+
+    Works on malformed URLs too (it never raises): everything between ``//``
+    and the last ``@`` before the path is treated as credentials, so an
+    unclosed ``[`` or a bad port cannot make it give the password back.
+    """
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    end = len(rest)
+    for stop in "/?#":
+        index = rest.find(stop)
+        if index != -1:
+            end = min(end, index)
+    netloc, tail = rest[:end], rest[end:]
+    credentials, at, hosts = netloc.rpartition("@")
+    if not at:
+        return text
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{hosts}{tail}"
+
+
+def split_url(url: str, what: str = "URL") -> SplitResult:
+    """``urlsplit(url)``, with its ``ValueError`` (an unclosed ``[``, say) as FencingConfigurationError.
+
+    The message never repeats the URL: it may hold a password.
+    """
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise FencingConfigurationError(f"malformed {what}: {exc}") from None
+
+
+def query_params(parts: SplitResult, allowed: set[str], *, what: str, shown: str) -> dict[str, str]:
+    """The query parameters of a split URL, each named in *allowed*.
+
+    *what* names the URL's kind in errors (``"etcd URL"``), *shown* is the URL
+    as messages may show it (:func:`redact_url`'s).
+
+    :raises FencingConfigurationError: a malformed query string, or a parameter
+        outside *allowed* (the message lists what is accepted).
+    """
+    try:
+        params = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError as exc:
+        raise FencingConfigurationError(f"malformed query string in {what} {shown!r}: {exc}") from None
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        scheme = parts.scheme.lower()
+        raise FencingConfigurationError(
+            f"unknown parameter(s) {', '.join(unknown)} in {shown!r}; {scheme}:// accepts {', '.join(sorted(allowed))}"
+        )
+    return params
+
+
+def parse_seconds(shown: str, name: str, raw: str) -> float:
+    """A URL parameter that holds a positive, finite number of seconds.
+
+    :raises FencingConfigurationError: naming the parameter, its value and the URL (as *shown*).
+    """
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise FencingConfigurationError(f"{name}={raw!r} in {shown!r} must be a positive number of seconds")
+    return value
