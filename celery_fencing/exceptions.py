@@ -8,7 +8,8 @@ whole family with one ``except`` clause::
      |    +-- ResourceMismatchError   a token presented for another resource's data
      |    +-- GrantorMismatchError    a token from another grantor than the one the mark belongs to
      |    +-- ForgedTokenError        a token whose origin a gate could not verify (signature, bound)
-     |    +-- InvalidArgumentError    a gate argument besides the token (key, value, expiry, ...)
+     +-- InvalidArgumentError         a gate argument besides the token (key, value, expiry, ...);
+     |                                also a TypeError and a ValueError
      +-- StaleTokenError              a gate refused a token below its high-water mark
      |    +-- StaleETagError          a conditional HTTP write got 412: the resource changed since it was read
      +-- AlreadyAppliedError          another execution of the same task id already applied this effect
@@ -81,12 +82,14 @@ class ResourceMismatchError(InvalidTokenError):
         self.expected_resource = expected_resource
 
 
-class InvalidArgumentError(InvalidTokenError, TypeError, ValueError):
+class InvalidArgumentError(FencingError, TypeError, ValueError):
     """A gate argument besides the token breaks the rules: a data key, value, expiry, mapping, Lua body or connection.
 
     Raised before any I/O, so nothing has changed. It is also a ``TypeError``
     and a ``ValueError``, which is what these arguments raised before, so
-    code that caught those keeps working.
+    code that caught those keeps working. It is not an
+    :class:`InvalidTokenError`: ``except InvalidTokenError`` is about tokens,
+    and must not swallow a bad Redis key.
     """
 
 

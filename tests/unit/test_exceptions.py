@@ -56,3 +56,14 @@ def test_public_exceptions_are_exported() -> None:
     """Every exception is importable from the package root."""
     for name in exceptions.__all__:
         assert getattr(celery_fencing, name) is getattr(exceptions, name)
+
+
+def test_a_bad_argument_is_not_a_bad_token() -> None:
+    """``except InvalidTokenError`` is about tokens: a bad Redis key (InvalidArgumentError) passes through it."""
+    assert not issubclass(exceptions.InvalidArgumentError, exceptions.InvalidTokenError)
+    assert issubclass(exceptions.InvalidArgumentError, (TypeError, ValueError))
+    with pytest.raises(exceptions.InvalidArgumentError):
+        try:
+            raise exceptions.InvalidArgumentError("key must not be empty")
+        except exceptions.InvalidTokenError:  # pragma: no cover - the point: this clause must not catch it
+            pytest.fail("a bad argument was caught as a bad token")
