@@ -43,7 +43,7 @@ class HeldLease:
     keep_until: float
     #: When it was last put back between tasks (time.monotonic); read only while it is kept.
     idle_since: float = 0.0
-    #: Whether someone else queues for the lock (see ``Lease.on_contended``).
+    #: Whether someone else queues for the lock (see ``ZooKeeperLease.on_contended``).
     contended: bool = False
     #: Whether the runtime asked the lease to report contention (once per lease).
     watching: bool = False

@@ -138,7 +138,7 @@ def test_a_kept_lease_is_handed_over_once_another_holder_queues(
 def test_a_lease_reports_contention_once_someone_queues(
     source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, unique_name: str
 ) -> None:
-    """Lease.on_contended: silent while nobody waits, called when a second holder queues, and called
+    """ZooKeeperLease.on_contended: silent while nobody waits, called when a second holder queues, and called
     at once for a callback registered after that."""
     heard: list[str] = []
     with source.lease("c", timeout=5) as lease:

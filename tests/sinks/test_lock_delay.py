@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import ZnodeStat
 
 from celery_fencing import FencingConfigurationError, TokenUnavailableError
-from celery_fencing.sources.zookeeper import Lease, ZooKeeperTokenSource, resource_to_znode_name
+from celery_fencing.sources.zookeeper import ZooKeeperLease, ZooKeeperTokenSource, resource_to_znode_name
 from tests.fixtures.zookeeper import ZooKeeperServer, expire_session
 
 from .waiting import wait_for
@@ -29,8 +29,8 @@ from .waiting import wait_for
 class FailedHolder:
     """A lease whose holder failed: its session expired and its lock node is gone."""
 
-    lease: Lease
-    manager: AbstractContextManager[Lease]
+    lease: ZooKeeperLease
+    manager: AbstractContextManager[ZooKeeperLease]
     client: KazooClient
 
 

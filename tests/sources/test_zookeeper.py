@@ -28,7 +28,7 @@ from celery_fencing import (
 )
 from celery_fencing.sources.zookeeper import (
     MAX_ZNODE_NAME_LENGTH,
-    Lease,
+    ZooKeeperLease,
     ZooKeeperTokenSource,
     resource_to_znode_name,
     znode_name_to_resource,
@@ -473,7 +473,7 @@ def test_expired_session_hands_the_lease_over_and_tells_the_holder(
             expire_session(holder_client, zookeeper_server.hosts)
 
             second = handed.get(timeout=30)
-            assert isinstance(second, Lease), second
+            assert isinstance(second, ZooKeeperLease), second
             assert second.token > first.token
             assert first.wait_lost(10)
             assert told.wait(10)
@@ -563,7 +563,7 @@ def test_callback_registered_after_loss_still_runs(
     with source.lease("acct:9") as lease:
         admin.delete(lease.lock_path)
         assert lease.wait_lost(10)
-        calls: queue.Queue[Lease] = queue.Queue()
+        calls: queue.Queue[ZooKeeperLease] = queue.Queue()
         lease.on_lost(calls.put)
         assert calls.get(timeout=10) is lease
         assert calls.empty()

@@ -1,4 +1,4 @@
-"""Exclusive mode: the lock queue under ``<root>/locks/<name>``, and the :class:`Lease` it grants.
+"""Exclusive mode: the lock queue under ``<root>/locks/<name>``, and the :class:`ZooKeeperLease` it grants.
 
 A lease is an ephemeral sequential lock node; the holder is the first in the
 queue, and each waiter watches only the node just ahead of its own. Tokens are
@@ -37,12 +37,12 @@ from .names import LEASE_MARKER, Layout, lease_sequence
 from .orphans import clean_orphans, track_orphan
 from .session import Session, session_of
 
-__all__ = ["Lease", "LockQueue"]
+__all__ = ["ZooKeeperLease", "LockQueue"]
 
 log = logging.getLogger(__package__)
 
 
-class Lease(LeaseState):
+class ZooKeeperLease(LeaseState):
     """An exclusive hold on a resource, and the token minted under it.
 
     Obtained from :meth:`ZooKeeperTokenSource.lease`. ``token`` was minted by a
@@ -74,7 +74,7 @@ class Lease(LeaseState):
         # The grantor id of the session that created the lock node.
         self._grantor = ""
         self._contended = threading.Event()
-        self._contended_callbacks: list[Callable[[Lease], object]] = []
+        self._contended_callbacks: list[Callable[[ZooKeeperLease], object]] = []
         self._watching_queue = False
 
     @property
@@ -85,7 +85,7 @@ class Lease(LeaseState):
         """
         return self._contended.is_set()
 
-    def on_contended(self, callback: Callable[[Lease], object]) -> None:
+    def on_contended(self, callback: Callable[[ZooKeeperLease], object]) -> None:
         """Call ``callback(lease)`` once when another holder queues for the lock (at once if one already waits).
 
         The first call sets a watch on the lock's queue (one ``getChildren``,
@@ -149,7 +149,7 @@ class Lease(LeaseState):
         self._lost.set()
 
     def __repr__(self) -> str:
-        return f"<Lease {self.resource!r} {self._token!r} {self._state_word()}>"
+        return f"<ZooKeeperLease {self.resource!r} {self._token!r} {self._state_word()}>"
 
 
 class LockQueue:
@@ -161,7 +161,7 @@ class LockQueue:
         self._grantor = grantor
         self._holders = HolderRecords(session, layout)
 
-    def acquire(self, client: Any, resource: str, deadline: float, lock_delay: float = 0.0) -> Lease:
+    def acquire(self, client: Any, resource: str, deadline: float, lock_delay: float = 0.0) -> ZooKeeperLease:
         """Queue for *resource*'s lock, wait for the turn and any lock-delay, record the hold and mint."""
         session = self._session
         if session.orphans:
@@ -176,7 +176,7 @@ class LockQueue:
         # check(lock node), which only a live node of that same session passes.
         session_id, grantor = self._grantor.current(client, deadline, resource)
         lock_path = self._create_lock_node(client, lock_dir, prefix, holder, deadline, resource)
-        lease = Lease(self, resource, lock_path)
+        lease = ZooKeeperLease(self, resource, lock_path)
         lease._grantor = grantor
         if session_of(client) != session_id:
             lease._mark_lost("the ZooKeeper session changed while the lease was taken")
@@ -217,7 +217,7 @@ class LockQueue:
             session.waiters.discard(wake)
         return lease
 
-    def release(self, client: Any, lease: Lease) -> None:
+    def release(self, client: Any, lease: ZooKeeperLease) -> None:
         """Leave the lock cleanly, waiting (at most the source's timeout) for ZooKeeper to confirm."""
         session = self._session
         with session.lock:
@@ -227,12 +227,12 @@ class LockQueue:
             return
         self._holders.release(client, lease, wait=True)
 
-    def mint_again(self, lease: Lease, timeout: float | None) -> FencingToken:
+    def mint_again(self, lease: ZooKeeperLease, timeout: float | None) -> FencingToken:
         deadline = self._session.deadline(timeout)
         client = self._session.usable_client(lease.resource)
         return self._mint(client, lease, deadline)
 
-    def watch(self, lease: Lease) -> None:
+    def watch(self, lease: ZooKeeperLease) -> None:
         """Watch the lease's lock queue until a node queues behind it; then mark the lease contended.
 
         Everything runs on kazoo's callbacks, never blocking them: a failed
@@ -296,7 +296,9 @@ class LockQueue:
                 raise TokenUnavailableError(message, resource=resource) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _wait_for_turn(self, client: Any, lease: Lease, lock_dir: str, wake: threading.Event, deadline: float) -> None:
+    def _wait_for_turn(
+        self, client: Any, lease: ZooKeeperLease, lock_dir: str, wake: threading.Event, deadline: float
+    ) -> None:
         session = self._session
         resource = lease.resource
         own = lease.lock_path.rsplit("/", 1)[1]
@@ -337,7 +339,7 @@ class LockQueue:
                     f"the lease on {resource!r} stayed with another holder for the whole timeout", resource=resource
                 )
 
-    def _mint(self, client: Any, lease: Lease, deadline: float) -> FencingToken:
+    def _mint(self, client: Any, lease: ZooKeeperLease, deadline: float) -> FencingToken:
         """Mint with [check(lock node), setData(token node)]: a holder without its lock cannot mint."""
         resource = lease.resource
         token_path = self._layout.token(resource)
@@ -365,7 +367,7 @@ class LockQueue:
             raise TokenUnavailableError(f"unexpected multi-op result from ZooKeeper: {results!r}", resource=resource)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _on_lock_node_event(self, client: Any, lease: Lease, event: Any) -> None:
+    def _on_lock_node_event(self, client: Any, lease: ZooKeeperLease, event: Any) -> None:
         # Runs on kazoo's callback thread: no blocking, at most an async re-arm.
         if event.type == EventType.DELETED:
             lease._mark_lost("the lock node was deleted")

@@ -26,7 +26,7 @@ from . import config
 from .calls import request
 from .config import ZooKeeperTLS
 from .grantor import Grantor, token_from
-from .lease import Lease, LockQueue
+from .lease import LockQueue, ZooKeeperLease
 from .names import Layout
 from .orphans import clean_orphans, delete_lock_node
 from .prune import prune_idle
@@ -290,7 +290,9 @@ class ZooKeeperTokenSource:
         return prune_idle(self._session, self._layout, older_than, timeout, window, self._writer.forget)
 
     @contextlib.contextmanager
-    def lease(self, resource: str, *, timeout: float | None = None, lock_delay: float | None = None) -> Iterator[Lease]:
+    def lease(
+        self, resource: str, *, timeout: float | None = None, lock_delay: float | None = None
+    ) -> Iterator[ZooKeeperLease]:
         """Hold the resource's ZooKeeper lock, with a token minted under it.
 
         ::
