@@ -1,0 +1,96 @@
+"""The fenced worker container: the user's tasks, celery-fencing installed and ``install(app)`` applied.
+
+A :class:`FencedWorkerContainer` is pytest-celery's worker container with the
+celery-fencing image and app template (worker_app.py). Its ``/app`` is written
+into the container before it starts (no volume, no helper image), it joins both
+lab networks, and it runs a prefork pool of one process, so a frozen task body
+still leaves the worker's broker connection to the pool's parent.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from pytest_celery.vendors.worker.container import CeleryWorkerContainer  # type: ignore[import-untyped]
+
+from .defaults import READY_TIMEOUT, WORKER_IMAGE
+from .lab import ContainerLab, wait_until
+
+
+class FencedWorkerContainer(CeleryWorkerContainer):  # type: ignore[misc]
+    """pytest-celery's worker container running celery-fencing's image and app template."""
+
+    @classmethod
+    def image(cls) -> str:
+        return WORKER_IMAGE
+
+    @classmethod
+    def app_module(cls) -> ModuleType:
+        from . import worker_app
+
+        return worker_app
+
+    @classmethod
+    def command(
+        cls, *args: str, debugpy: bool = False, wait_for_client: bool = True, **kwargs: dict[str, Any]
+    ) -> list[str]:
+        return [
+            "celery", "-A", "app", "worker", f"--loglevel={cls.log_level()}", "-n", f"{cls.worker_name()}@%h",
+            "-Q", cls.worker_queue(), "--pool=prefork", "--concurrency=1", "--without-mingle", "--without-gossip",
+            *args,
+        ]  # fmt: skip
+
+    def ready_now(self) -> bool:
+        """True once the worker logged Celery's ``ready.`` (False if it died first: see :meth:`logs`)."""
+        self.reload()
+        if self.status == "exited":
+            raise RuntimeError(f"worker container {self.name} exited:\n{self.logs()[-3000:]}")
+        return "ready." in self.logs()
+
+
+def start_workers(
+    lab: ContainerLab,
+    *,
+    roles: list[str],
+    files: dict[str, bytes],
+    environment: dict[str, str],
+    image: str = WORKER_IMAGE,
+    args: tuple[str, ...] = (),
+) -> list[FencedWorkerContainer]:
+    """Start one fenced worker per role on both of *lab*'s networks, with */app* = *files*; wait for all.
+
+    The workers boot side by side. Every URL in *environment* (broker, backend,
+    token source, data) is checked to name only the lab's containers first.
+    """
+    for value in environment.values():
+        if "://" in value:
+            lab.check_url(value)
+    workers = [
+        lab.run(
+            FencedWorkerContainer,
+            role=role,
+            image=image,
+            command=FencedWorkerContainer.command(*args),
+            networks=[lab.data, lab.coordination],
+            environment={"PYTHONPATH": "/app", **environment},
+            files=files,
+        )
+        for role in roles
+    ]
+    for worker in workers:
+        wait_until(worker.ready_now, f"worker {worker.name} to be ready", READY_TIMEOUT)
+    return workers
+
+
+def start_worker(
+    lab: ContainerLab, *, role: str, files: dict[str, bytes], environment: dict[str, str]
+) -> FencedWorkerContainer:
+    """One fenced worker (see :func:`start_workers`)."""
+    return start_workers(lab, roles=[role], files=files, environment=environment)[0]
+
+
+def worker_files(tasks: set[ModuleType], app: Any = None) -> dict[str, bytes]:
+    """The ``/app`` content for *tasks* (and *app*'s configuration), as pytest-celery generates it."""
+    content: dict[str, bytes] = FencedWorkerContainer.initial_content(worker_tasks=tasks, worker_app=app)
+    return content
