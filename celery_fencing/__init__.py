@@ -37,6 +37,7 @@ from .exceptions import (
 from .gates.memory import MemoryGate
 from .policies import (
     Decision,
+    DeferPolicy,
     ExponentialBackoff,
     IgnorePolicy,
     RaisePolicy,
@@ -64,6 +65,7 @@ __all__ = [
     "AlreadyAppliedError",
     "BelowFloorError",
     "Decision",
+    "DeferPolicy",
     "DjangoGate",
     "EffectPendingError",
     "EtcdTokenSource",

@@ -30,6 +30,7 @@ __all__ = [
     "POLICY_NAMES",
     "Backoff",
     "Decision",
+    "DeferPolicy",
     "ExponentialBackoff",
     "FirstOf",
     "IgnorePolicy",
@@ -42,8 +43,8 @@ __all__ = [
     "policy_from_setting",
 ]
 
-Action = Literal["retry", "ignore", "reject", "raise"]
-POLICY_NAMES: tuple[Action, ...] = ("retry", "ignore", "reject", "raise")
+Action = Literal["retry", "defer", "ignore", "reject", "raise"]
+POLICY_NAMES: tuple[Action, ...] = ("retry", "defer", "ignore", "reject", "raise")
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class StaleState:
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do: an action and, for ``"retry"``, the delay in seconds before the next attempt."""
+    """What to do: an action and, for ``"retry"`` and ``"defer"``, the delay in seconds before the next attempt."""
 
     action: Action
     countdown: float | None = None
@@ -162,6 +163,37 @@ class RetryPolicy(_Composable):
 
 
 @dataclass(frozen=True)
+class DeferPolicy(_Composable):
+    """Defer to a newer execution of the same task: a retry in *countdown* seconds, in a new message.
+
+    For a task fenced on its own id, a refusal means a newer copy of the task
+    holds the resource, not that the task is done: that copy may still die
+    before it applies. Dropping this copy would then lose the task (on the
+    Redis broker its acknowledgement also removes the newer copy's unacked
+    entry, which shares the delivery tag: nothing re-delivers it). The retry
+    mints a fresh token: it finds the task applied and ends as done, or finds
+    the newer copy gone and applies it. Passes (``None``) once ``max_retries``
+    retries happened, so ``DeferPolicy() | IgnorePolicy()`` ends a task that
+    keeps meeting newer copies the way ``ignore`` does.
+    """
+
+    countdown: float = 0.0
+    max_retries: int = 10
+
+    def __post_init__(self) -> None:
+        value = self.countdown
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise FencingConfigurationError(f"defer countdown must be a finite number >= 0, got {value!r}")
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise FencingConfigurationError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
+
+    def __call__(self, state: StaleState) -> Decision | None:
+        if state.retries >= self.max_retries:
+            return None
+        return Decision("defer", countdown=float(self.countdown))
+
+
+@dataclass(frozen=True)
 class IgnorePolicy(_Composable):
     """Drop the execution. Right when a newer execution of the same task owns the result."""
 
@@ -191,9 +223,16 @@ def decide(policy: Policy, state: StaleState) -> Decision:
 
 
 def policy_from_setting(
-    value: object, *, retry_factory: Callable[[], RetryPolicy] = RetryPolicy, what: str = "fencing_on_stale"
+    value: object,
+    *,
+    retry_factory: Callable[[], RetryPolicy] = RetryPolicy,
+    defer_factory: Callable[[], Policy] = lambda: DeferPolicy() | IgnorePolicy(),
+    what: str = "fencing_on_stale",
 ) -> Policy:
     """Turn a setting (a name from :data:`POLICY_NAMES`, or a policy object) into a policy.
+
+    ``"defer"`` is :class:`DeferPolicy` then :class:`IgnorePolicy`: a deferral
+    never fails the task (a failure would be stored over the newer copy's result).
 
     :raises FencingConfigurationError: naming the setting and the accepted values.
     """
@@ -201,6 +240,8 @@ def policy_from_setting(
         name = value.strip().lower()
         if name == "retry":
             return retry_factory()
+        if name == "defer":
+            return defer_factory()
         if name == "ignore":
             return IgnorePolicy()
         if name == "reject":

@@ -33,7 +33,7 @@ Rules (each a count; the fenced side must have 0 of every one):
     A final balance that is not the last audit row's new value (a write
     without its audit row, or the reverse).
 ``unanswered``
-    A rejection whose action was ``retry``, or a storage error, not followed
+    A rejection whose action was ``retry`` or ``defer``, or a storage error, not followed
     by a later attempt of the same task id, nor by a later ``duplicate``
     (the library saying the task was applied: nothing left to retry). (A
     drop through ``ignore``, ``reject`` or ``raise`` is documented by the
@@ -386,7 +386,7 @@ def _unanswered(events: Sequence[dict[str, Any]], fig: Figures) -> None:
         if attempt_start and event.get("task"):
             starts[event["task"]].append(event["t"])
     for event in events:
-        needs_retry = (event["ev"] == "rejected" and event.get("action") == "retry") or event["ev"] in (
+        needs_retry = (event["ev"] == "rejected" and event.get("action") in ("retry", "defer")) or event["ev"] in (
             "unknown",
             "error",
         )

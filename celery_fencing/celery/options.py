@@ -11,9 +11,9 @@ Task options (class attributes, or keyword arguments of ``@app.task``):
     ``"account:{account_id}"`` (formatted with the task's bound arguments), a
     callable taking the task's arguments, or ``None`` for the task id.
 ``fencing_on_stale``
-    ``"retry"``, ``"ignore"``, ``"reject"``, ``"raise"`` or a policy object
-    (:mod:`celery_fencing.policies`). Default: ``fencing_on_stale`` setting,
-    else ``"ignore"`` for task-id resources and ``"retry"`` otherwise.
+    ``"retry"``, ``"defer"``, ``"ignore"``, ``"reject"``, ``"raise"`` or a
+    policy object (:mod:`celery_fencing.policies`). Default: ``fencing_on_stale``
+    setting, else ``"defer"`` for task-id resources and ``"retry"`` otherwise.
 ``fencing_gates``
     Gates to claim on at start: a sequence, or a zero-argument callable
     called once per worker process (for clients that must not cross fork).

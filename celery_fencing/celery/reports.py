@@ -1,9 +1,10 @@
 """What a fenced task says when an execution is fenced out or found to be a duplicate: one log line and a signal.
 
 Each fact once, at a level that fits: a retry under contention is normal
-operation (INFO), dropped or failed work is not (WARNING), an outage of the
-grantor or a gate's store is a WARNING worth its own words, and a duplicate
-made harmless by exactly-once is INFO. Every line names the task, its id,
+operation (INFO), and so is a deferral to a newer copy of the same task (a
+re-delivery made harmless); dropped or failed work is not (WARNING), an
+outage of the grantor or a gate's store is a WARNING worth its own words, and
+a duplicate made harmless by exactly-once is INFO. Every line names the task, its id,
 the phase and the resource; the signals carry the same facts for metrics.
 """
 
@@ -37,6 +38,8 @@ def report_fenced_out(task: Any, exc: FencingError, resource: str, phase: str, d
         current: FencingToken | None = request.get("fencing_token")
         token = current.value if current is not None else None
     outcome = decision.action + (f" in {decision.countdown:.2f}s" if decision.countdown is not None else "")
+    if decision.action == "defer":
+        outcome += " (a newer execution of this task holds it: the retry finds the task applied, or applies it)"
     if isinstance(exc, (TokenUnavailableError, GateUnavailableError)):
         # Not a newer execution: an outage (grantor or gate store down) is worth a warning.
         logger.warning(
@@ -54,7 +57,7 @@ def report_fenced_out(task: Any, exc: FencingError, resource: str, phase: str, d
         # message (which repeats them) is left out; any other message is kept.
         said = "" if _says_only_token_and_mark(exc) else f": {exc}"
         logger.log(
-            logging.INFO if decision.action == "retry" else logging.WARNING,
+            logging.INFO if decision.action in ("retry", "defer") else logging.WARNING,
             "task %s[%s] fenced out at %s on %r (token %s, high-water mark %s)%s -> %s",
             task.name,
             request.id,

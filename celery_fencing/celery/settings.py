@@ -132,8 +132,8 @@ SETTINGS: tuple[Setting, ...] = (
         "fencing_on_stale",
         None,
         _policy,
-        "Default for tasks that set no fencing_on_stale: retry, ignore, reject or raise. "
-        "Unset: ignore for task-id resources, retry for domain resources.",
+        "Default for tasks that set no fencing_on_stale: retry, defer, ignore, reject or raise. "
+        "Unset: defer for task-id resources, retry for domain resources.",
         metavar="POLICY",
     ),
     Setting("fencing_mode", "token", _choice(MODES), "token (a token per execution) or exclusive.", metavar="MODE"),
@@ -144,6 +144,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fencing_retry_backoff_factor", 2.0, _factor, "Each retry waits this many times longer.", metavar="X"),
     Setting("fencing_retry_max_delay", 60.0, _positive_float, "Cap on one retry delay, seconds.", metavar="SECONDS"),
     Setting("fencing_retry_jitter", 0.25, _fraction, "Fraction of each delay that is randomised.", metavar="FRACTION"),
+    Setting(
+        "fencing_defer_countdown",
+        None,
+        _non_negative_float,
+        "Seconds before the retry of a copy that deferred to a newer execution of its task (the defer policy). "
+        "Unset: half the broker's re-delivery horizon (visibility_timeout; 30 min for RabbitMQ); must be below it.",
+        metavar="SECONDS",
+    ),
     Setting(
         "fencing_allow_volatile_source",
         False,
@@ -209,6 +217,7 @@ class FencingSettings:
     retry_backoff_factor: float
     retry_max_delay: float
     retry_jitter: float
+    defer_countdown: float
     allow_volatile_source: bool
     lease_reuse: float
     lock_delay: float
@@ -234,6 +243,7 @@ def read_settings(conf: Any) -> FencingSettings:
             "other processes wait up to that long for a kept lease"
         )
     horizon = redelivery_horizon(conf)
+    values["defer_countdown"] = _defer_countdown(values["defer_countdown"], horizon)
     if values["once_retention"] is None:
         values["once_retention"] = max(_seconds(conf.get("result_expires", _DEFAULT_RESULT_EXPIRES)), horizon)
     elif values["once_retention"] < horizon:
@@ -258,6 +268,26 @@ def _seconds(value: Any) -> float:
         return 0.0
     total = getattr(value, "total_seconds", None)
     return float(total()) if callable(total) else float(value)
+
+
+def _defer_countdown(value: float | None, horizon: float) -> float:
+    """The defer policy's countdown: *value*, or half the re-delivery *horizon*.
+
+    Half, because the countdown and the retry's own run share one horizon: a
+    worker holds the retry unacknowledged while it waits out its countdown, and
+    the broker re-delivers a message held past the horizon (Redis's visibility
+    timeout counts from the fetch; RabbitMQ closes a channel past
+    ``consumer_timeout``). The other half is the time the newer copy had to
+    finish first, which a body that fits the horizon normally did.
+    """
+    if value is None:
+        return horizon / 2
+    if value >= horizon > 0:
+        raise FencingConfigurationError(
+            f"fencing_defer_countdown ({value:g}s) must be below the broker's re-delivery horizon ({horizon:g}s): "
+            "the deferred retry waits out its countdown unacknowledged, and past the horizon it is delivered again"
+        )
+    return value
 
 
 def redelivery_horizon(conf: Any) -> float:

@@ -10,7 +10,8 @@ signal                     sent with
 ``token_minted``           ``sender`` task, ``task_id``, ``token``, ``mode``,
                            ``duration`` (seconds the mint or lease took)
 ``fencing_rejected``       ``sender`` task, ``task_id``, ``resource``, ``token``,
-                           ``high_water``, ``error``, ``action`` (retry/ignore/...),
+                           ``high_water``, ``error``, ``action`` (retry, defer,
+                           ignore, reject, raise),
                            ``phase`` (mint, claim or body)
 ``duplicate_prevented``    ``sender`` task (the backend for phase result), ``task_id``,
                            ``resource``, ``phase`` (claim, body, seal, or result: a

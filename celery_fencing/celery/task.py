@@ -12,8 +12,10 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    (:func:`celery_fencing.current_token`), so gates called without a token use it.
 3. A :class:`~celery_fencing.StaleTokenError` (or a lost lease) anywhere in 1-2
    goes to the task's on-stale policy: retry (new attempt, new token, re-read,
-   redo), ignore, reject or raise. A token source that is unavailable, or a
-   gate whose store is down at claim time, is retried with the same backoff:
+   redo), defer (a task fenced on its id: retry later, once the newer copy
+   that fenced it out applied the task or died), ignore, reject or raise. A
+   token source that is unavailable, or a gate whose store is down at claim
+   time, is retried with the same backoff:
    the body never runs unfenced. So is an
    :class:`~celery_fencing.EffectPendingError` from the body (an idempotency
    key claimed by another execution that has recorded no outcome yet).
@@ -40,7 +42,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore
 
 from ..context import Execution, token_context
 from ..exceptions import (
@@ -55,11 +57,21 @@ from ..exceptions import (
     StaleTokenError,
     TokenUnavailableError,
 )
-from ..policies import Decision, ExponentialBackoff, Policy, RetryPolicy, StaleState, decide, policy_from_setting
+from ..policies import (
+    DeferPolicy,
+    ExponentialBackoff,
+    IgnorePolicy,
+    Policy,
+    RetryPolicy,
+    StaleState,
+    decide,
+    policy_from_setting,
+)
 from ..protocols import FencedResultStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
 from .claims import _own_method, arm_stores, claim_stores
+from .decisions import enact
 from .options import check_task_options
 from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
@@ -131,8 +143,16 @@ class FencedTask(Task):  # type: ignore[misc]
         own = task_option(self, "fencing_on_stale")
         configured = own if own is not None else settings.on_stale
         if configured is None:
-            configured = "ignore" if resource_is_task_id else "retry"
-        return policy_from_setting(configured, retry_factory=lambda: self._retry_policy(settings))
+            # A task-id refusal means a newer copy of the task holds it, which may still die: defer to it.
+            configured = "defer" if resource_is_task_id else "retry"
+        return policy_from_setting(
+            configured,
+            retry_factory=lambda: self._retry_policy(settings),
+            # Deferrals count as retries; past the limit the copy is dropped, never failed.
+            defer_factory=lambda: (
+                DeferPolicy(settings.defer_countdown, self._option("max_retries", settings)) | IgnorePolicy()
+            ),
+        )
 
     def fencing_resource_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         """Return the resource this execution is fenced on.
@@ -443,26 +463,7 @@ class FencedTask(Task):  # type: ignore[misc]
         )
         decision = decide(policy, state)
         report_fenced_out(self, exc, resource, phase, decision)
-        raise self._apply(decision, exc)
-
-    def _apply(self, decision: Decision, exc: FencingError) -> BaseException:
-        if decision.action == "retry":
-            # The policy already counted the retries: let Celery's own limit pass.
-            retries = int(self.request.retries or 0)
-            retry: BaseException = self.retry(
-                exc=exc, countdown=decision.countdown, max_retries=retries + 1, throw=False
-            )
-            # retry() leaves max_retries on the shared task object for autoretry_for
-            # to pick up; ours is not the task's own limit, so take it back.
-            self.__dict__.pop("override_max_retries", None)
-            return retry
-        if decision.action == "ignore":
-            ignore: BaseException = Ignore(str(exc))
-            return ignore
-        if decision.action == "reject":
-            reject: BaseException = Reject(exc, requeue=False)
-            return reject
-        return exc
+        raise enact(self, decision, exc)
 
 
 def fenced_task(

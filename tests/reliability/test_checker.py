@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from reliability.checker import AuditRow, Fault, Observation, RedisState, check, format_table
 
 R = "acct:s:0"
@@ -189,6 +191,17 @@ def test_rejection_without_a_later_attempt_is_flagged() -> None:
     assert fig.unanswered == 0 and fig.unknown_outcomes == 0
     # ... but never stands in for the audit row it implies.
     assert fig.missing == 1 and not fig.ok
+
+
+@pytest.mark.parametrize(("action", "unanswered"), [("defer", 1), ("retry", 1), ("ignore", 0)])
+def test_a_deferral_promises_a_later_attempt_as_a_retry_does(action: str, unanswered: int) -> None:
+    """``defer`` publishes a retry: with no later attempt it is unanswered; ``ignore`` is a drop, shown as missing."""
+    b = Build()
+    b.submit("a")
+    b.start("a", 10)
+    b.ev("rejected", "a", 10, phase="claim", action=action, high_water=11, error="StaleTokenError")
+    fig = check(b.observe())
+    assert fig.unanswered == unanswered and fig.missing == 1
 
 
 def test_storage_error_needs_a_retry_and_unknown_outcome_is_resolved() -> None:

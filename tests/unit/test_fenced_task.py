@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_fencing import FencingConfigurationError, MemoryGate, MemoryTokenSource, StaleTokenError, current_token
-from celery_fencing.celery import FencedTask, fenced_task
+from celery_fencing.celery import FencedTask, fenced_task, signals
 from celery_fencing.policies import Decision, StaleState
 
 
@@ -230,3 +230,77 @@ def test_wrong_arguments_fail_with_celerys_type_error(app: Celery) -> None:
 
     with pytest.raises(TypeError, match="missing a required argument: 'n'"):
         credit.apply(()).get()
+
+
+def _refused_by_a_newer_copy(app: Celery, on_stale: str | None) -> tuple[Any, MemoryGate, list[tuple[int, int]]]:
+    """A task fenced on its id whose first attempt meets a newer copy of itself: one that claims and then dies."""
+    gate = MemoryGate()
+    attempts: list[tuple[int, int]] = []
+    options = {} if on_stale is None else {"fencing_on_stale": on_stale}
+
+    @app.task(bind=True, base=FencedTask, fencing_gates=[gate], shared=False, **options)
+    def job(self: Any) -> int:
+        attempts.append((int(self.request.retries or 0), self.request.fencing_token.value))
+        if len(attempts) == 1:
+            gate.claim(app.conf.fencing_source.mint(self.request.id))  # the newer copy claims, then dies
+        gate.set(None, "effect", len(attempts))
+        return len(attempts)
+
+    return job, gate, attempts
+
+
+def test_refused_copy_of_a_task_fenced_on_its_id_defers_and_its_retry_applies(app: Celery) -> None:
+    """The default for a task-id resource: defer; the retry mints a fresh token and applies the task the dead copy left.
+
+    Eager mode runs the retry inline; the worker publishes it with the
+    ``fencing_defer_countdown`` (tests/celery/test_dropped_copies.py).
+    """
+    job, gate, attempts = _refused_by_a_newer_copy(app, None)
+    rejected: list[dict[str, Any]] = []
+
+    def on_rejected(**fields: Any) -> None:
+        rejected.append(fields)
+
+    signals.fencing_rejected.connect(on_rejected, weak=False)
+    try:
+        assert job.apply(throw=False).get() == 2
+    finally:
+        signals.fencing_rejected.disconnect(on_rejected)
+    assert [retries for retries, _ in attempts] == [0, 1]
+    assert attempts[1][1] > attempts[0][1]
+    assert gate.get("effect") == 2
+    assert [(r["phase"], r["action"]) for r in rejected] == [("body", "defer")]
+
+
+def test_explicit_ignore_still_drops_the_refused_copy(app: Celery) -> None:
+    """Negative control: an explicit fencing_on_stale='ignore' stays as chosen; the refused copy is dropped and,
+    the newer copy being dead, nothing applies the task."""
+    job, gate, attempts = _refused_by_a_newer_copy(app, "ignore")
+    result = job.apply(throw=False)
+    assert result.state == "IGNORED"
+    assert len(attempts) == 1 and gate.get("effect") is None
+
+
+def test_copy_refused_at_its_claim_defers_too(app: Celery) -> None:
+    """A newer copy that claims between this copy's mint and its claim: the refused claim defers, the retry applies."""
+    gate = MemoryGate()
+    ran: list[int] = []
+
+    class NewerCopyClaimsFirst(MemoryTokenSource):
+        def mint(self, resource: str, *, timeout: float | None = None) -> Any:
+            token = super().mint(resource, timeout=timeout)
+            if not ran and gate.high_water(resource) is None:
+                gate.claim(super().mint(resource))  # the newer copy mints and claims, then dies
+            return token
+
+    app.conf.fencing_source = NewerCopyClaimsFirst()
+
+    @app.task(bind=True, base=FencedTask, fencing_gates=[gate], shared=False)
+    def job(self: Any) -> int:
+        ran.append(self.request.retries or 0)
+        gate.set(None, "effect", 1)
+        return 1
+
+    assert job.apply(throw=False).get() == 1
+    assert ran == [1], "the body ran once, in the retry, not in the refused attempt"
+    assert gate.get("effect") == 1

@@ -7,6 +7,7 @@ import pytest
 from celery_fencing import FencingConfigurationError, StaleTokenError
 from celery_fencing.policies import (
     Decision,
+    DeferPolicy,
     ExponentialBackoff,
     IgnorePolicy,
     RaisePolicy,
@@ -59,11 +60,29 @@ def test_composition_falls_through_in_order() -> None:
     assert (IgnorePolicy() | RaisePolicy())(state()) == Decision("ignore")
 
 
-@pytest.mark.parametrize("name", ["retry", "ignore", "reject", "raise", " Retry "])
+@pytest.mark.parametrize("name", ["retry", "defer", "ignore", "reject", "raise", " Retry "])
 def test_policy_names_parse(name: str) -> None:
     """Every documented policy name maps to a policy that decides that action."""
     decision = decide(policy_from_setting(name), state())
     assert decision.action == name.strip().lower()
+
+
+def test_defer_waits_its_countdown_then_ignores_once_retries_are_spent() -> None:
+    """'defer' retries later without failing: after max_retries deferrals it drops the copy, never raises."""
+    policy = policy_from_setting(
+        "defer", defer_factory=lambda: DeferPolicy(countdown=30, max_retries=2) | IgnorePolicy()
+    )
+    assert policy(state(0)) == Decision("defer", countdown=30)
+    assert policy(state(1)) == Decision("defer", countdown=30)
+    assert decide(policy, state(2)) == Decision("ignore")
+    assert DeferPolicy(max_retries=0)(state(0)) is None
+    assert decide(policy_from_setting("defer"), state()) == Decision("defer", countdown=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"countdown": -1}, {"countdown": float("nan")}, {"max_retries": -1}], ids=repr)
+def test_bad_defer_policy_is_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(FencingConfigurationError):
+        DeferPolicy(**kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", ["retries", "", 3, None, ["retry"]], ids=repr)

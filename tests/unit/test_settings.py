@@ -16,6 +16,29 @@ def test_defaults() -> None:
     assert settings.on_stale is None and settings.allow_volatile_source is False
 
 
+@pytest.mark.parametrize(
+    ("conf", "countdown"),
+    [
+        ({}, 1800.0),  # Redis's default visibility timeout: one hour
+        ({"broker_transport_options": {"visibility_timeout": 60}}, 30.0),
+        ({"broker_url": "amqp://guest@localhost//"}, 900.0),  # RabbitMQ's consumer_timeout: 30 minutes
+        ({"broker_transport_options": {"visibility_timeout": 60}, "fencing_defer_countdown": "59"}, 59.0),
+        ({"fencing_defer_countdown": 0}, 0.0),
+    ],
+    ids=["redis-default", "visibility-timeout", "rabbitmq", "explicit", "zero"],
+)
+def test_defer_countdown_defaults_to_half_the_redelivery_horizon(conf: dict[str, object], countdown: float) -> None:
+    """Unset, the defer policy's countdown is half the broker's re-delivery horizon; set, it is taken as it is."""
+    assert read_settings(conf).defer_countdown == countdown
+
+
+def test_defer_countdown_past_the_redelivery_horizon_is_refused() -> None:
+    """A deferred retry held past the horizon would be delivered again: the setting must stay below it."""
+    conf = {"broker_transport_options": {"visibility_timeout": 60}, "fencing_defer_countdown": 60}
+    with pytest.raises(FencingConfigurationError, match=r"fencing_defer_countdown \(60s\) must be below .* \(60s\)"):
+        read_settings(conf)
+
+
 def test_flag_strings_parse() -> None:
     """Worker flags arrive as strings; they parse into typed values."""
     settings = read_settings(
@@ -44,6 +67,8 @@ def test_flag_strings_parse() -> None:
         ("fencing_retry_backoff_factor", "0.5"),
         ("fencing_mode", "shared"),
         ("fencing_on_stale", "panic"),
+        ("fencing_defer_countdown", "-1"),
+        ("fencing_defer_countdown", 3600),
         ("fencing_allow_volatile_source", "maybe"),
         ("fencing_source", 42),
     ],
