@@ -44,10 +44,15 @@ def main() -> int:
     for event in story:
         at = f"{event['t'] - start:5.1f}s  {event['worker']}  token {event['token']:<3}"
         if event["event"] == "start":
-            how = "starts" if event["resume_from"] == 0 else "gets the re-delivered message, resumes"
+            if event["resume_from"] == 0:
+                how = "starts"
+            elif event.get("retry"):
+                how = "runs a retry (deferred by a refused execution), resumes"
+            else:
+                how = "gets the re-delivered message, resumes"
             print(f"  {at} {how} at chunk {event['resume_from']}")
         elif event["event"] == "fenced_out":
-            print(f"  {at} REFUSED writing chunk {event['chunk']} (mark {event['mark']}): dropped, no duplicate work")
+            print(f"  {at} REFUSED writing chunk {event['chunk']} (mark {event['mark']}): stops, retry later")
         else:
             print(f"  {at} writes the last chunk: export done")
     starts = [e for e in story if e["event"] == "start"]

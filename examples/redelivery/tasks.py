@@ -12,9 +12,14 @@ starts. The job writes its output in chunks, each one a gated ``hset`` that
 doubles as a checkpoint:
 
 * a newer execution resumes after the last accepted chunk;
-* the older execution is refused at its next checkpoint and dropped
-  (``ignore`` is the default policy for task-id resources: the newer execution
-  owns the result), instead of finishing the whole job a second time.
+* the older execution is refused at its next checkpoint and stops there,
+  instead of finishing the whole job a second time. It defers (``defer``, the
+  default policy for task-id resources): it publishes a retry for later and
+  acknowledges. On Redis that acknowledgement also removes the newer
+  execution's unacked entry (every delivery of a message shares its delivery
+  tag), so if the newer execution died, the retry is what finishes the job;
+  if it lived, the retry resumes after the last chunk and has nothing left to
+  write.
 
 The task sets ``fencing_once=False``: it resumes from its own checkpoints,
 so a newer execution is meant to write after an older one applied chunks.
@@ -100,14 +105,14 @@ def export(self: Task, export_id: str, chunks: int) -> int:
     token = self.request.fencing_token.value
     worker = self.request.hostname.split("@")[0]
     first = client().hlen(chunks_key(export_id))  # read after the claim: older executions can no longer add chunks
-    story(event="start", worker=worker, token=token, resume_from=first)
+    story(event="start", worker=worker, token=token, resume_from=first, retry=self.request.retries or 0)
     for chunk in range(first, chunks):
         time.sleep(CHUNK_SECONDS)  # the work: a query, a render, an upload
         try:
             gate().hset(None, chunks_key(export_id), {f"chunk-{chunk:02d}": f"token {token}"})
         except StaleTokenError as exc:
             story(event="fenced_out", worker=worker, token=token, chunk=chunk, mark=exc.high_water)
-            raise  # FencedTask's policy for a task-id resource: ignore, the newer execution owns the job
+            raise  # FencedTask's policy for a task-id resource: defer to the newer execution, retry later
     gate().set(None, done_key(export_id), token)
     story(event="done", worker=worker, token=token, resume_from=first, chunks=chunks)
     return token

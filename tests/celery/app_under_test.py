@@ -24,6 +24,7 @@ from celery import Celery, Task
 from celery_fencing import FencingToken, current_token
 from celery_fencing.celery import FencedTask, install
 from celery_fencing.celery.runtime import runtime_for
+from celery_fencing.testing.pause import pause_point
 
 PREFIX = os.environ.get("FT_PREFIX", "ft")
 QUEUE = os.environ.get("FT_QUEUE", "celery")
@@ -47,6 +48,7 @@ if os.environ.get("FT_CONF"):
     app.conf.update(json.loads(os.environ["FT_CONF"]))  # extra settings of one test
 if os.environ.get("FT_VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),  # FT_CONF's, e.g. unacked keys of the test's own
         "visibility_timeout": float(os.environ["FT_VISIBILITY_TIMEOUT"]),
         # kombu sweeps unacked messages every interval x throttle seconds (10 x 10 by default).
         "unacked_restore_interval": 1,
@@ -138,6 +140,29 @@ def result_only_job(self: Task, value: str) -> str:
 def result_only_job_repeatable(self: Task, value: str) -> str:
     """The same without exactly-once: the result write is fenced by token order alone."""
     return _result_only(self, value)
+
+
+# Dropped copies: a refused copy of a task fenced on its id, whose newer copy dies --------
+
+
+def _count(task: Task, name: str) -> int:
+    # Read, pause (the test freezes or kills the execution here), gated write: the effect to apply once.
+    count = int(data().get(key("count", name)) or 0)
+    pause_point("count")
+    gates()[0].set(None, key("count", name), count + 1)
+    return count + 1
+
+
+@app.task(bind=True, base=FencedTask, fencing_gates=gates)
+def count_once(self: Task, name: str) -> int:
+    """Fenced on its task id with the default policy: a refused copy defers to the newer one."""
+    return _count(self, name)
+
+
+@app.task(bind=True, base=FencedTask, fencing_gates=gates, fencing_on_stale="ignore")
+def count_once_ignore(self: Task, name: str) -> int:
+    """The same with ``ignore`` chosen: a refused copy is dropped (the rule before the defer policy)."""
+    return _count(self, name)
 
 
 # Exactly once: the quickstart's task, and a chain ---------------------------------------

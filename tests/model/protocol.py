@@ -46,6 +46,14 @@ What an execution does on each answer (the protocol, :class:`Protocol`):
   finds the task applied and ends as done, or finds the newer copy dead and
   applies it.
 
+The library (``FencedTask``, the ``defer`` policy) differs in two ways the
+model leaves out: its retry comes back ``fencing_defer_countdown`` seconds
+later (time is not modelled: a retry is just another message), and it defers
+at most ``fencing_max_retries`` times per task id, then drops the copy as
+``ignore`` does (here re-deliveries are bounded, so every chain of deferrals
+ends by itself). Until token blocks exist every token is minted fresh, so the
+re-mint step is the model's ``block_size=1`` case.
+
 Why dropping loses a task even without blocks: the ack. kombu's Redis
 transport keeps unacked messages by delivery tag, assigned at publish and kept
 when a message is restored, so every delivery of one message shares it; the
