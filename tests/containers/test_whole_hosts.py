@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
+from celery_fencing.testing import redis_redelivery_settings
+
 from .conftest import WholeHosts
 
-REDIS_REDELIVERY = {
-    # kombu hands an unacknowledged message to another worker after visibility_timeout, and
-    # sweeps for such messages every interval x throttle seconds (10 x 10 by default).
-    "broker_transport_options": {"visibility_timeout": 3, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
-}
+# kombu hands an unacknowledged message to another worker after the visibility timeout.
+REDIS_REDELIVERY = redis_redelivery_settings(visibility_timeout=3)
 # RabbitMQ re-queues a consumer's unacknowledged messages when it closes the connection:
 # with 2 s heartbeats it does so a few seconds after the host froze.
 RABBITMQ_REDELIVERY = {"broker_heartbeat": 2}

@@ -3,8 +3,9 @@
 Each example test file runs in its own pytest process, as a user runs it,
 twice: as written (it must pass) and with ``EXAMPLE_FENCING=off`` (the app's
 task becomes a plain read-modify-write, and the same test must fail on the
-lost update). The third route, pytest-celery in containers, is
-``examples/testing/test_in_containers.py``, from the containers work.
+lost update). The third route, pytest-celery in containers
+(``examples/testing/test_pytest_celery.py``), runs the same way from
+tests/containers/test_pytest_celery_example.py, which needs Docker.
 """
 
 from __future__ import annotations
@@ -21,18 +22,25 @@ import redis
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_example_tests(name: str, redis_url: str, *, fencing: bool) -> subprocess.CompletedProcess[str]:
-    """``pytest examples/testing/<name>`` from the repository root, in a namespace of its own on *redis_url*."""
+def run_example_tests(
+    name: str, redis_url: str | None, *, fencing: bool, plugins: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``pytest examples/testing/<name>`` from the repository root, in a namespace of its own on *redis_url*
+    (``None``: the example keeps its data in containers of its own, and nothing is left to clean here),
+    with *plugins* named by ``-p`` too."""
     namespace = f"exampletesting{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "EXAMPLE_REDIS_URL": redis_url,
+        **({"EXAMPLE_REDIS_URL": redis_url} if redis_url else {}),
         "EXAMPLE_NAMESPACE": namespace,
         "EXAMPLE_FENCING": "on" if fencing else "off",
     }
     try:
         return subprocess.run(
-            [sys.executable, "-m", "pytest", f"examples/testing/{name}", "-q", "-p", "no:cacheprovider"],
+            [
+                *(sys.executable, "-m", "pytest", f"examples/testing/{name}", "-q", "-p", "no:cacheprovider"),
+                *(arg for plugin in plugins for arg in ("-p", plugin)),
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -41,11 +49,12 @@ def run_example_tests(name: str, redis_url: str, *, fencing: bool) -> subprocess
             check=False,
         )
     finally:
-        client = redis.Redis.from_url(redis_url)
-        keys = list(client.scan_iter(f"{namespace}*"))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        if redis_url:
+            client = redis.Redis.from_url(redis_url)
+            keys = list(client.scan_iter(f"{namespace}*"))
+            if keys:
+                client.delete(*keys)
+            client.close()
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,11 @@ Every fixture is function-scoped and named ``fencing_container_*`` or
 the in-process kit's. When Docker is not reachable the fixtures fail the test
 (they never skip it): a suite that silently skips its container tests proves
 nothing.
+
+The worker fixtures share the test's ``fencing_pause_points`` and
+``fencing_events`` (the in-process kit's fixtures, loaded with it below) with
+the containers: a ``pause_point`` in a task body holds the execution inside
+its container, and the library's signals there are recorded for the test.
 """
 
 from __future__ import annotations
@@ -14,11 +19,16 @@ from typing import Any
 
 import pytest
 
+from ..events import FencingEvents
+from ..pause import PausePoints
 from .brokers import IsolatedRabbitMQContainer, IsolatedRedisContainer, start_rabbitmq, start_redis
 from .faults import ContainerFaults
 from .lab import ContainerLab
-from .worker import FencedWorkerContainer, start_worker
+from .worker import FencedWorkerContainer, start_workers
 from .zookeeper import ZooKeeperEnsemble, start_zookeeper
+
+# fencing_pause_points and fencing_events (registered once, also when the entry point loaded it).
+pytest_plugins = ["celery_fencing.testing"]
 
 
 @pytest.fixture
@@ -66,19 +76,63 @@ def fencing_rabbitmq_container(fencing_container_lab: ContainerLab) -> IsolatedR
     return start_rabbitmq(fencing_container_lab)
 
 
+def _fenced_workers(
+    lab: ContainerLab,
+    zookeeper: ZooKeeperEnsemble,
+    content: dict[str, Any],
+    env: dict[str, str],
+    pause_points: PausePoints,
+    events: FencingEvents,
+    roles: list[str],
+) -> list[FencedWorkerContainer]:
+    environment = {**env, "CELERY_FENCING_SOURCE": zookeeper.source_url()}
+    return start_workers(
+        lab, roles=roles, files=content, environment=environment, pause_points=pause_points, events=events
+    )
+
+
 @pytest.fixture
 def fencing_worker_container(
     fencing_container_lab: ContainerLab,
     fencing_zookeeper_containers: ZooKeeperEnsemble,
     default_worker_initial_content: dict[str, Any],
     default_worker_env: dict[str, str],
+    fencing_pause_points: PausePoints,
+    fencing_events: FencingEvents,
 ) -> FencedWorkerContainer:
     """pytest-celery's worker, fenced: return it from your ``default_worker_container`` override.
 
     Runs pytest-celery's generated ``/app`` (your ``default_worker_tasks``, the
-    app's configuration) with ``install(app)`` applied and the token source set
-    to :func:`fencing_zookeeper_containers`.
+    app's configuration) with ``install(app)`` applied, the token source set to
+    :func:`fencing_zookeeper_containers`, and the test's pause points and events shared.
     """
-    env = dict(default_worker_env)
-    env["CELERY_FENCING_SOURCE"] = fencing_zookeeper_containers.source_url()
-    return start_worker(fencing_container_lab, role="worker", files=default_worker_initial_content, environment=env)
+    return _fenced_workers(
+        fencing_container_lab,
+        fencing_zookeeper_containers,
+        default_worker_initial_content,
+        default_worker_env,
+        fencing_pause_points,
+        fencing_events,
+        ["worker"],
+    )[0]
+
+
+@pytest.fixture
+def fencing_worker_containers(
+    fencing_container_lab: ContainerLab,
+    fencing_zookeeper_containers: ZooKeeperEnsemble,
+    default_worker_initial_content: dict[str, Any],
+    default_worker_env: dict[str, str],
+    fencing_pause_points: PausePoints,
+    fencing_events: FencingEvents,
+) -> list[FencedWorkerContainer]:
+    """Two such workers, booted side by side: one host to freeze or cut off, one to take the task over."""
+    return _fenced_workers(
+        fencing_container_lab,
+        fencing_zookeeper_containers,
+        default_worker_initial_content,
+        default_worker_env,
+        fencing_pause_points,
+        fencing_events,
+        ["host-a", "host-b"],
+    )

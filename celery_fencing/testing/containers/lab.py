@@ -143,8 +143,13 @@ class ContainerLab:
         networks: list[Any],
         environment: dict[str, str] | None = None,
         files: dict[str, bytes] | None = None,
+        shared: list[str] | None = None,
     ) -> C:
-        """Start *image* as ``cf-<uid>-<role>`` on *networks*, with *files* put under ``/app`` first."""
+        """Start *image* as ``cf-<uid>-<role>`` on *networks*, with *files* put under ``/app`` first.
+
+        *shared* are directories of the test's host bind-mounted at the same path
+        (a test's pause points and events file: see worker.py).
+        """
         name = f"cf-{self.uid}-{role}"
         raw = self.client.containers.create(
             image,
@@ -154,6 +159,7 @@ class ContainerLab:
             environment=environment or {},
             labels={LABEL: self.uid},
             network=networks[0].name,
+            volumes={path: {"bind": path, "mode": "rw"} for path in shared or []},
         )
         self._containers.append(raw)
         for network in networks[1:]:

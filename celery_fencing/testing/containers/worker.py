@@ -5,17 +5,29 @@ celery-fencing image and app template (worker_app.py). Its ``/app`` is written
 into the container before it starts (no volume, no helper image), it joins both
 lab networks, and it runs a prefork pool of one process, so a frozen task body
 still leaves the worker's broker connection to the pool's parent.
+
+Given the test's :class:`~celery_fencing.testing.PausePoints` and
+:class:`~celery_fencing.testing.events.FencingEvents`, the workers share them:
+their directories are bind-mounted at the same paths and named in the
+workers' environment, so ``pause_point`` in a task body holds the execution in
+the container and the library's signals there are recorded into the test's
+events file. Pids in arrivals and events are the containers' own (two
+containers may both have a pid 8): tell executions apart by their tokens.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_celery.vendors.worker.container import CeleryWorkerContainer  # type: ignore[import-untyped]
 
 from .defaults import READY_TIMEOUT, WORKER_IMAGE
 from .lab import ContainerLab, wait_until
+
+if TYPE_CHECKING:
+    from ..events import FencingEvents
+    from ..pause import PausePoints
 
 
 class FencedWorkerContainer(CeleryWorkerContainer):  # type: ignore[misc]
@@ -57,15 +69,26 @@ def start_workers(
     environment: dict[str, str],
     image: str = WORKER_IMAGE,
     args: tuple[str, ...] = (),
+    pause_points: PausePoints | None = None,
+    events: FencingEvents | None = None,
 ) -> list[FencedWorkerContainer]:
     """Start one fenced worker per role on both of *lab*'s networks, with */app* = *files*; wait for all.
 
     The workers boot side by side. Every URL in *environment* (broker, backend,
     token source, data) is checked to name only the lab's containers first.
+    *pause_points* and *events* are shared with the workers (see above).
     """
     for value in environment.values():
         if "://" in value:
             lab.check_url(value)
+    environment = dict(environment)
+    shared = []
+    if pause_points is not None:
+        environment.update(pause_points.env)
+        shared.append(str(pause_points.directory))
+    if events is not None:
+        environment.update(events.env)
+        shared.append(str(events.path.parent))
     workers = [
         lab.run(
             FencedWorkerContainer,
@@ -75,19 +98,13 @@ def start_workers(
             networks=[lab.data, lab.coordination],
             environment={"PYTHONPATH": "/app", **environment},
             files=files,
+            shared=shared,
         )
         for role in roles
     ]
     for worker in workers:
         wait_until(worker.ready_now, f"worker {worker.name} to be ready", READY_TIMEOUT)
     return workers
-
-
-def start_worker(
-    lab: ContainerLab, *, role: str, files: dict[str, bytes], environment: dict[str, str]
-) -> FencedWorkerContainer:
-    """One fenced worker (see :func:`start_workers`)."""
-    return start_workers(lab, roles=[role], files=files, environment=environment)[0]
 
 
 def worker_files(tasks: set[ModuleType], app: Any = None) -> dict[str, bytes]:

@@ -3,7 +3,8 @@
 The three placeholder lines are pytest-celery's (``WorkerInitialContent``
 replaces them verbatim). The template adds what makes the worker fenced:
 the token source from ``CELERY_FENCING_SOURCE``, more settings from
-``CELERY_SETTINGS`` (a JSON object), and :func:`install` on the app.
+``CELERY_SETTINGS`` (a JSON object), and :func:`install` on the app; and,
+when the test shares its events file, records the library's signals into it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from celery import Celery
 
 from celery_fencing.celery import install
+from celery_fencing.testing import events
 
 imports = None
 
@@ -27,3 +29,5 @@ if os.environ.get("CELERY_FENCING_SOURCE"):
 if os.environ.get("CELERY_SETTINGS"):  # more settings of one test, as a JSON object
     app.conf.update(json.loads(os.environ["CELERY_SETTINGS"]))
 install(app)
+if os.environ.get(events.ENV_VAR):  # the test's fencing_events, shared into the container
+    events.record_events(os.environ[events.ENV_VAR])
