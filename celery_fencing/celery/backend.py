@@ -29,7 +29,6 @@ execution's, even before the newer one has written anything.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import states
@@ -37,13 +36,7 @@ from celery.backends.redis import RedisBackend
 from redis.exceptions import ResponseError
 
 from ..context import Execution, floor_source
-from ..exceptions import (
-    AlreadyAppliedError,
-    BelowFloorError,
-    GateUnavailableError,
-    GrantorMismatchError,
-    StaleTokenError,
-)
+from ..exceptions import GateUnavailableError
 from ..gates.redis_batch import ScriptCall
 from ..gates.redis_floor import arm_unarmed_store, encode_floor, is_unarmed_refusal, raise_floor
 from ..gates.redis_scripts import (
@@ -56,44 +49,13 @@ from ..gates.redis_scripts import (
 )
 from ..protocols import TokenSource
 from ..token import FencingToken, fixed_width
-from . import signals
+from .result_refusals import execution_of, refusal_error, report_refused_write, token_of
 
 __all__ = ["FencedRedisBackend"]
-
-logger = logging.getLogger("celery_fencing")
 
 
 def bytes_to_str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _token_of(request: Any) -> FencingToken | None:
-    token = getattr(request, "fencing_token", None) if request is not None else None
-    return token if isinstance(token, FencingToken) else None
-
-
-def _execution_of(request: Any) -> Execution | None:
-    execution = getattr(request, "fencing_execution", None) if request is not None else None
-    return execution if isinstance(execution, Execution) else None
-
-
-def _refusal_reason(kind: str, detail: str, token: FencingToken | None) -> str:
-    """What a script's refusal of a result claim or write means, in words (for errors and logs)."""
-    if kind == "tokenless":
-        return f"tokenless write {detail}"
-    if kind == "owner":
-        return f"token of resource {token.resource if token else None} for a result of {detail}"
-    if kind == "grantor":
-        return f"token of grantor {token.grantor if token else None} for a result fenced by grantor {detail}"
-    if kind in ("applied", "superseded"):
-        return "another execution of the task sealed it"
-    if kind == "corrupt":
-        return "the fence hash holds no valid mark"
-    if kind == "floor":
-        return f"token below the store's floor {int(detail)} (the store lost its data after the token was minted)"
-    if kind == "unarmed":
-        return "the store holds no floor (new, or it lost its data)"
-    return "stale token"
 
 
 class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
@@ -256,32 +218,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             if isinstance(reply, Exception):
                 raise GateUnavailableError(f"fenced result backend failed: {reply}", gate="FencedRedisBackend")
             return
-        kind, detail = refusal
-        mark = int(detail) if detail.isdigit() else None
-        if kind == "floor" and mark is not None:
-            raise BelowFloorError(resource=token.resource, token=token.value, floor=mark)
-        if kind in ("applied", "superseded"):
-            raise AlreadyAppliedError(
-                f"task {task_id} is done: another execution of it sealed its result",
-                resource=token.resource,
-                task_id=task_id,
-                superseded=kind == "superseded",
-                applied_token=mark,
-            )
-        reason = _refusal_reason(kind, detail, token)
-        if kind == "grantor":
-            raise GrantorMismatchError(
-                f"result of task {task_id}: {reason}",
-                resource=token.resource,
-                token_grantor=token.grantor,
-                expected_grantor=detail,
-            )
-        raise StaleTokenError(
-            f"result of task {task_id} is fenced by a newer execution ({reason})",
-            resource=token.resource,
-            token=token.value,
-            high_water=mark,
-        )
+        raise refusal_error(*refusal, task_id, token)
 
     def _store_result(
         self,
@@ -295,8 +232,8 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
         encoded = self.encode(meta)
-        token = _token_of(request)
-        execution = _execution_of(request) if token else None
+        token = token_of(request)
+        execution = execution_of(request) if token else None
         write, _, _ = self._registered()
         keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id), self.floor_key]
         args = [
@@ -314,39 +251,5 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         reply = self._call(write, keys, args, execution.floor_source if execution is not None else None)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
         if refusal is not None:
-            kind, detail = refusal
-            reason = _refusal_reason(kind, detail, token)
-            high_water = int(detail) if detail.isdigit() else None
-            if kind in ("applied", "superseded"):
-                # A duplicate made harmless, not a rejection: the sealing execution's result stands.
-                logger.info(
-                    "task %s already applied by another execution: its %s result is not stored again",
-                    bytes_to_str(task_id),
-                    state,
-                )
-                signals.duplicate_prevented.send(
-                    sender=self,
-                    task_id=bytes_to_str(task_id),
-                    resource=token.resource if token else None,
-                    phase="result",
-                    action="ignore",
-                    error=None,
-                )
-                return result
-            logger.warning(
-                "dropped %s result of task %s: %s (token %s, high-water mark %s)",
-                state,
-                bytes_to_str(task_id),
-                reason,
-                token.value if token else None,
-                high_water,
-            )
-            signals.result_dropped.send(
-                sender=self,
-                task_id=bytes_to_str(task_id),
-                state=state,
-                token=token,
-                high_water=high_water,
-                reason=reason,
-            )
+            report_refused_write(self, bytes_to_str(task_id), state, token, *refusal)
         return result
