@@ -94,11 +94,15 @@ class TokenVerifier(Protocol):
 
 @runtime_checkable
 class FencedResultStore(Protocol):
-    """A Celery result backend that fences its result writes (``fenced+redis://``).
+    """A Celery result backend that fences its result writes (``fenced+redis://``, ``+db+...``, ``+django-db``).
 
     A fenced task claims its result when it starts, and seals it when its body
     has returned, before Celery sends the task's callbacks: the first
-    execution of a task id to seal is the one whose result stands.
+    execution of a task id to seal is the one whose result stands. Its result
+    writes (``_store_result``) judge the request's token against the result's
+    mark in the same atomic operation as the write, and drop (never raise) a
+    refused one; ``forget()`` removes the fence with the result. The backend
+    contract suite (tests/celery/backends/) checks every implementation.
     """
 
     def claim_result(self, task_id: str, token: FencingToken) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..protocols import FlooredStore, Gate, TokenSource
+from ..protocols import FencedResultStore, FlooredStore, Gate, TokenSource
 from ..token import FencingToken
 
 __all__ = ["arm_stores", "claim_stores"]
@@ -57,10 +57,8 @@ def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_
         prepare_result = _own_method(backend, "claim_result_call") if batch else None
         if prepare_result is not None:
             batched.append(prepare_result(task_id, token))
-        else:
-            claim_result = getattr(backend, "claim_result", None)
-            if claim_result is not None:
-                claim_result(task_id, token)
+        elif isinstance(backend, FencedResultStore):
+            backend.claim_result(task_id, token)
     if batched:
         from ..gates.redis_batch import run_script_calls
 

@@ -23,6 +23,7 @@ from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
 from ..applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
 
 __all__ = [
+    "DEFAULT_RESULT_FENCE_TABLE",
     "DEFAULT_TABLE",
     "MYSQL_FAMILY",
     "SUPPORTED_DIALECTS",
@@ -33,9 +34,12 @@ __all__ = [
     "grantor_column_ddl",
     "has_grantor_column",
     "high_water_table",
+    "result_fence_table",
 ]
 
 DEFAULT_TABLE = "fencing_high_water"
+#: The fenced database result backend's fence table (one row per task id).
+DEFAULT_RESULT_FENCE_TABLE = "celery_taskfence"
 
 MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 SUPPORTED_DIALECTS = frozenset({"postgresql", "sqlite"}) | MYSQL_FAMILY
@@ -62,14 +66,37 @@ def high_water_table(metadata: MetaData, name: str = DEFAULT_TABLE, *, schema: s
 
     If *metadata* already holds a table of that name, it is returned as is.
     """
-    return define_table(
-        metadata,
-        name,
-        schema,
+    return define_table(metadata, name, schema, *_mark_columns(name))
+
+
+def _mark_columns(name: str) -> tuple[Any, ...]:
+    """The columns the mark upsert reads and writes (``resource``, ``token``, ``grantor``) and the token's range."""
+    return (
         Column("resource", _binary_on_mysql(MAX_RESOURCE_LENGTH), primary_key=True),
         Column("token", BigInteger, nullable=False),
         Column("grantor", _grantor_type(), nullable=True),
         CheckConstraint(f"token >= 1 AND token <= {MAX_TOKEN_VALUE}", name=f"{name[:48]}_token_range"),
+    )
+
+
+def result_fence_table(
+    metadata: MetaData, name: str = DEFAULT_RESULT_FENCE_TABLE, *, schema: str | None = None
+) -> Table:
+    """Define the fenced result backend's fence table: the mark table's columns, keyed by task id, and two more.
+
+    ``resource`` (the task id), ``token`` and ``grantor`` as in
+    :func:`high_water_table`, so the mark upsert advances it; ``owner`` (the
+    resource of the tokens that fence the result) and ``done`` (the id of the
+    execution that sealed the task). See :mod:`celery_fencing.celery.db_fence`.
+    """
+    return define_table(
+        metadata,
+        name,
+        schema,
+        # resource: the task id (MAX_TASK_ID_LENGTH, the same 200 characters as a resource).
+        *_mark_columns(name),
+        Column("owner", _binary_on_mysql(MAX_RESOURCE_LENGTH), nullable=True),
+        Column("done", String(EXECUTION_ID_LENGTH), nullable=True),
     )
 
 
