@@ -4,6 +4,8 @@ Read from the environment, so spawned child processes configure themselves the
 same way: ``FENCING_DJANGO_SQLITE`` (a file path), ``FENCING_DJANGO_POSTGRES``
 (a SQLAlchemy-style URL) and ``FENCING_DJANGO_SCHEMA`` (this session's own
 PostgreSQL schema: concurrent test runs never share tables).
+``FENCING_DJANGO_RESULTS`` names the alias django-celery-results' rows go to
+(``default`` unless set; see :mod:`tests.django.routers`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ _pg = urlsplit(os.environ["FENCING_DJANGO_POSTGRES"])
 SECRET_KEY = "tests-only"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["celery_fencing.contrib.django", "tests.django.testapp"]
+INSTALLED_APPS = ["celery_fencing.contrib.django", "django_celery_results", "tests.django.testapp"]
+DATABASE_ROUTERS = ["tests.django.routers.ResultsRouter"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",

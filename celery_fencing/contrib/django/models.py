@@ -11,6 +11,10 @@ NULL until a token with a grantor passes the mark.
 :class:`AppliedRecord` (migration 0003) is the exactly-once table
 ``fencing_applied``, the same as SQLGate's (see
 :mod:`celery_fencing.gates.applied_sql`).
+
+:class:`ResultFence` (migration 0004) is the fence table of the fenced
+django-celery-results backend (``fenced+django-db``), one row per task id,
+with the layout of the SQLAlchemy backend's (see :mod:`celery_fencing.celery.db_fence`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from django.db import models
 from ...gates.applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
 from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
 
-__all__ = ["AppliedRecord", "HighWaterMark", "token_range_constraint"]
+__all__ = ["AppliedRecord", "HighWaterMark", "ResultFence", "token_range_constraint"]
 
 # Django 5.2 has composite primary keys; before it, the ORM is told resource is the key
 # (a record is then readable through the ORM, and must only be written by the gate).
@@ -81,3 +85,25 @@ class AppliedRecord(models.Model):  # type: ignore[misc]
 
     def __str__(self) -> str:
         return f"{self.task_id} applied on {self.resource} by {self.execution}"
+
+
+class ResultFence(models.Model):  # type: ignore[misc]
+    """The fence of one task's result: its mark (``token``, ``grantor``), ``owner`` resource and sealing execution.
+
+    Written only by :class:`~celery_fencing.celery.backend_django.FencedDjangoBackend`,
+    in the transaction of the task's ``TaskResult`` row.
+    """
+
+    resource = models.CharField(max_length=MAX_TASK_ID_LENGTH, primary_key=True)
+    token = models.BigIntegerField()
+    grantor = models.CharField(max_length=MAX_GRANTOR_LENGTH, null=True)
+    owner = models.CharField(max_length=MAX_RESOURCE_LENGTH, null=True)
+    done = models.CharField(max_length=EXECUTION_ID_LENGTH, null=True)
+
+    class Meta:
+        db_table = "celery_taskfence"
+        constraints = [token_range_constraint("celery_taskfence_token_range")]  # noqa: RUF012
+        verbose_name = "fenced task result fence"
+
+    def __str__(self) -> str:
+        return f"{self.resource}: {self.token} ({self.owner})"
