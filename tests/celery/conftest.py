@@ -36,6 +36,8 @@ class Scenario:
         }
         self.workers: list[WorkerProcess] = []
         self.pool = "solo"
+        #: The module the workers load the app from (``celery -A``).
+        self.app_module = APP_MODULE
         self._client: Celery | None = None
 
     @property
@@ -57,7 +59,7 @@ class Scenario:
         self, name: str, *, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
     ) -> WorkerProcess:
         process = WorkerProcess(
-            APP_MODULE,
+            self.app_module,
             name=f"{self.name}-{name}",
             queue=self.name,
             env=self.env,

@@ -88,7 +88,9 @@ class WorkerProcess:
             "--without-heartbeat",
             *extra_args,
         ]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        # The checkout first, then what the test process was given (a worker imports what the test does).
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        self.env = {**os.environ, "PYTHONPATH": path, **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> WorkerProcess:
