@@ -56,6 +56,7 @@ class _SessionFence:
         conn.execute(marks.upsert, params)
 
     def read(self, task_id: str) -> FenceRow | None:
+        self.backend.marks(self.session)  # a tokenless write may come first: the table must exist
         t = self.backend.fence_table
         found = self.session.connection().execute(
             select(t.c.token, t.c.grantor, t.c.owner, t.c.done).where(t.c.resource == task_id).with_for_update()

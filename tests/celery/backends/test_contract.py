@@ -85,6 +85,13 @@ def test_stale_result_write_is_dropped_and_signalled(
         assert (state_of(app, tid), result_of(app, tid)) == (states.SUCCESS, "stale")
 
 
+def test_a_tokenless_write_on_a_new_store_is_stored(store: Store, unique_name: str) -> None:
+    """The result of a plain task (no token), the first write the store ever sees, is stored as by the plain backend."""
+    app, tid = store.app(), unique_name
+    app.backend.store_result(tid, "plain", states.SUCCESS, request=request_with(None))
+    assert app.AsyncResult(tid).get(timeout=10) == "plain"
+
+
 def test_equal_token_may_write_again(store: Store, unique_name: str) -> None:
     """One execution writes STARTED then SUCCESS with the same token: both land."""
     app, tid, token = store.app(), unique_name, FencingToken(unique_name, 5)
