@@ -9,4 +9,5 @@ pytest_plugins = [
     # After zookeeper: it shares that module's port and process helpers.
     "tests.fixtures.etcd",
     "tests.fixtures.redis_cluster",
+    "tests.fixtures.django",
 ]

@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 
-from tests.django.conftest import django_project  # noqa: F401  (fixture)
-
 from .stores import STORES, Store, django_store, drop_postgresql_tables, postgresql_store, redis_store
 
 
