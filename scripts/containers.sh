@@ -83,6 +83,7 @@ prune_users() {
 
 inputs_of() { docker_cli image inspect -f "{{ index .Config.Labels \"$LABEL\" }}" "$1" 2>/dev/null || true; }
 hash_text() { sha256sum | cut -c1-16; }
+image_id() { docker_cli image inspect -f '{{.Id}}' "$1" 2>/dev/null || true; }
 
 apt_mirror() {
     # The mirror apt already uses (deb822 sources or a one-line list), else Debian's.
@@ -108,13 +109,18 @@ build_base() {
 
 # build_image NAME TAG BASE_TAG [CONTEXT_DIR [EXTRA_INPUT]]: docker build of images/NAME.
 build_image() {
-    local name=$1 tag=$2 base=$3 context=${4:-$IMAGES/$1} extra=${5:-} inputs
+    local name=$1 tag=$2 base=$3 context=${4:-$IMAGES/$1} extra=${5:-} inputs old
     inputs=$( { cat "$IMAGES/$name/Dockerfile"; inputs_of "$base"; echo "$extra"; } | hash_text)
     [ "$(inputs_of "$tag")" = "$inputs" ] && return 1
     log "building $tag"
-    DOCKER_BUILDKIT=0 docker_cli build -q --label "$LABEL=$inputs" --build-arg "BASE=$base" \
+    old=$(image_id "$tag")
+    # --force-rm: a failed build leaves no stopped container (and so no image held by one) behind.
+    DOCKER_BUILDKIT=0 docker_cli build -q --force-rm --label "$LABEL=$inputs" --build-arg "BASE=$base" \
         -f "$IMAGES/$name/Dockerfile" -t "$tag" "$context" >"$STATE/build.log" 2>&1 \
         || { tail -n 20 "$STATE/build.log" >&2; die "docker build of $tag failed"; }
+    # The image this build replaced is untagged now: remove it, unless a container still uses it
+    # (the worker image is rebuilt whenever celery_fencing/ changes, so they would pile up).
+    if [ -n "$old" ] && [ "$old" != "$(image_id "$tag")" ]; then docker_cli image rm "$old" >/dev/null 2>&1 || true; fi
 }
 
 build_worker() {

@@ -20,9 +20,9 @@ from celery_fencing.testing.containers.fixtures import (  # noqa: F401 - fixture
     fencing_container_faults,
     fencing_container_lab,
 )
-from celery_fencing.testing.containers.lab import wait_until
 from celery_fencing.testing.containers.worker import FencedWorkerContainer, start_workers, worker_files
 from celery_fencing.testing.containers.zookeeper import start_zookeeper
+from celery_fencing.testing.processes import wait_for
 
 from . import tasks
 
@@ -50,8 +50,8 @@ class WholeHosts:
     def wait(self, condition: Any, what: str, timeout: float = 60) -> Any:
         """Poll *condition*; on timeout, fail with every worker's log tail (what the hosts were doing)."""
         try:
-            return wait_until(condition, what, timeout)
-        except TimeoutError as exc:
+            return wait_for(condition, timeout, what, interval=0.05)
+        except AssertionError as exc:
             logs = "\n".join(f"--- {w.name}\n{w.logs()[-2500:]}" for w in self.workers)
             raise AssertionError(f"{exc}\n{logs}") from None
 

@@ -16,7 +16,7 @@ import redis
 from celery import Task, shared_task
 
 from celery_fencing import FencingError, RedisGate
-from celery_fencing.celery import FencedTask
+from celery_fencing.celery import FencedTask, signals
 
 
 @cache
@@ -37,6 +37,15 @@ def gates() -> list[Any]:
 def event(*fields: object) -> None:
     """One line of the scenario's event log (a plain list: what happened, in order)."""
     data().rpush("scenario:events", " ".join(map(str, fields)))
+
+
+def session_changed(sender: Any = None, state: str = "", task_ids: Any = (), **_: Any) -> None:
+    """The token source's ZooKeeper session was suspended or lost while these tasks held tokens."""
+    for task_id in task_ids:
+        event("session", task_id, state, socket.gethostname())
+
+
+signals.session_state_changed.connect(session_changed, weak=False)
 
 
 @shared_task(bind=True, base=FencedTask, acks_late=True, fencing_resource="record:{name}", fencing_gates=gates)

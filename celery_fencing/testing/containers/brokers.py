@@ -9,73 +9,32 @@ network instead, and publish no port at all (see lab.py).
 
 from __future__ import annotations
 
-from typing import Any
-
 from pytest_celery.vendors.rabbitmq.container import RabbitMQContainer  # type: ignore[import-untyped]
 from pytest_celery.vendors.redis.container import RedisContainer  # type: ignore[import-untyped]
 
+from ..processes import wait_for
 from .defaults import RABBITMQ_IMAGE, RABBITMQ_PORT, READY_TIMEOUT, REDIS_IMAGE, REDIS_PORT
-from .lab import ContainerLab, wait_until
+from .lab import ContainerLab, LabAddressed
 
 
-class IsolatedRedisContainer(RedisContainer):  # type: ignore[misc]
+class IsolatedRedisContainer(LabAddressed, RedisContainer):  # type: ignore[misc]
     """Redis on the lab's data network: ``url`` by container name, ``host_url`` by its address."""
 
-    address: str = ""
+    PORT = REDIS_PORT
+    IMAGE = REDIS_IMAGE
 
-    @property
-    def hostname(self) -> str:
-        return str(self.name)
-
-    @property
-    def port(self) -> int:
-        return REDIS_PORT
-
-    @property
-    def url(self) -> str:
-        return f"redis://{self.name}:{REDIS_PORT}/{self.vhost}"
-
-    @property
-    def host_url(self) -> str:
-        return f"redis://{self.address}:{REDIS_PORT}/{self.vhost}"
-
-    @classmethod
-    def image(cls) -> str:
-        return REDIS_IMAGE
-
-    @classmethod
-    def ports(cls) -> dict[str, Any]:
-        return {}
+    def url_for(self, host: str) -> str:
+        return f"redis://{host}:{REDIS_PORT}/{self.vhost}"
 
 
-class IsolatedRabbitMQContainer(RabbitMQContainer):  # type: ignore[misc]
+class IsolatedRabbitMQContainer(LabAddressed, RabbitMQContainer):  # type: ignore[misc]
     """RabbitMQ on the lab's data network (guest/guest, vhost ``/``), addressed as the Redis one."""
 
-    address: str = ""
+    PORT = RABBITMQ_PORT
+    IMAGE = RABBITMQ_IMAGE
 
-    @property
-    def hostname(self) -> str:
-        return str(self.name)
-
-    @property
-    def port(self) -> int:
-        return RABBITMQ_PORT
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@{self.name}:{RABBITMQ_PORT}//"
-
-    @property
-    def host_url(self) -> str:
-        return f"amqp://guest:guest@{self.address}:{RABBITMQ_PORT}//"
-
-    @classmethod
-    def image(cls) -> str:
-        return RABBITMQ_IMAGE
-
-    @classmethod
-    def ports(cls) -> dict[str, Any]:
-        return {}
+    def url_for(self, host: str) -> str:
+        return f"amqp://guest:guest@{host}:{RABBITMQ_PORT}//"
 
 
 def _redis_answers(container: IsolatedRedisContainer) -> bool:
@@ -107,9 +66,8 @@ def start_redis(lab: ContainerLab, image: str = REDIS_IMAGE) -> IsolatedRedisCon
         command=IsolatedRedisContainer.command(),
         networks=[lab.data],
     )
-    container.address = lab.address(container._container, lab.data)
     lab.check_url(container.host_url)
-    wait_until(lambda: _redis_answers(container), "Redis to answer PING")
+    wait_for(lambda: _redis_answers(container), READY_TIMEOUT, "Redis to answer PING", interval=0.1)
     return container
 
 
@@ -123,7 +81,6 @@ def start_rabbitmq(lab: ContainerLab, image: str = RABBITMQ_IMAGE) -> IsolatedRa
         networks=[lab.data],
         environment={"RABBITMQ_LOGS": "-"},
     )
-    container.address = lab.address(container._container, lab.data)
     lab.check_url(container.host_url)
-    wait_until(lambda: _rabbitmq_answers(container), "RabbitMQ to accept AMQP connections", READY_TIMEOUT)
+    wait_for(lambda: _rabbitmq_answers(container), READY_TIMEOUT, "RabbitMQ to accept AMQP connections", interval=0.1)
     return container

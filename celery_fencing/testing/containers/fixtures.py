@@ -14,7 +14,7 @@ its container, and the library's signals there are recorded for the test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -76,63 +76,51 @@ def fencing_rabbitmq_container(fencing_container_lab: ContainerLab) -> IsolatedR
     return start_rabbitmq(fencing_container_lab)
 
 
-def _fenced_workers(
-    lab: ContainerLab,
-    zookeeper: ZooKeeperEnsemble,
-    content: dict[str, Any],
-    env: dict[str, str],
-    pause_points: PausePoints,
-    events: FencingEvents,
-    roles: list[str],
-) -> list[FencedWorkerContainer]:
-    environment = {**env, "CELERY_FENCING_SOURCE": zookeeper.source_url()}
-    return start_workers(
-        lab, roles=roles, files=content, environment=environment, pause_points=pause_points, events=events
-    )
+@pytest.fixture
+def fencing_worker_container_starter(
+    fencing_container_lab: ContainerLab,
+    fencing_zookeeper_containers: ZooKeeperEnsemble,
+    default_worker_initial_content: dict[str, Any],
+    default_worker_env: dict[str, str],
+    fencing_pause_points: PausePoints,
+    fencing_events: FencingEvents,
+) -> Callable[[list[str]], list[FencedWorkerContainer]]:
+    """``starter(roles)`` boots one of pytest-celery's workers per role, fenced, side by side.
+
+    Each runs pytest-celery's generated ``/app`` (your ``default_worker_tasks``,
+    the app's configuration, your ``default_worker_env``) with ``install(app)``
+    applied, the token source set to :func:`fencing_zookeeper_containers`, and
+    the test's pause points and events shared.
+    """
+    environment = {
+        **default_worker_env,
+        "CELERY_FENCING_SOURCE": fencing_zookeeper_containers.source_url(),
+    }
+
+    def start(roles: list[str]) -> list[FencedWorkerContainer]:
+        return start_workers(
+            fencing_container_lab,
+            roles=roles,
+            files=default_worker_initial_content,
+            environment=environment,
+            pause_points=fencing_pause_points,
+            events=fencing_events,
+        )
+
+    return start
 
 
 @pytest.fixture
 def fencing_worker_container(
-    fencing_container_lab: ContainerLab,
-    fencing_zookeeper_containers: ZooKeeperEnsemble,
-    default_worker_initial_content: dict[str, Any],
-    default_worker_env: dict[str, str],
-    fencing_pause_points: PausePoints,
-    fencing_events: FencingEvents,
+    fencing_worker_container_starter: Callable[[list[str]], list[FencedWorkerContainer]],
 ) -> FencedWorkerContainer:
-    """pytest-celery's worker, fenced: return it from your ``default_worker_container`` override.
-
-    Runs pytest-celery's generated ``/app`` (your ``default_worker_tasks``, the
-    app's configuration) with ``install(app)`` applied, the token source set to
-    :func:`fencing_zookeeper_containers`, and the test's pause points and events shared.
-    """
-    return _fenced_workers(
-        fencing_container_lab,
-        fencing_zookeeper_containers,
-        default_worker_initial_content,
-        default_worker_env,
-        fencing_pause_points,
-        fencing_events,
-        ["worker"],
-    )[0]
+    """pytest-celery's worker, fenced: return it from your ``default_worker_container`` override."""
+    return fencing_worker_container_starter(["worker"])[0]
 
 
 @pytest.fixture
 def fencing_worker_containers(
-    fencing_container_lab: ContainerLab,
-    fencing_zookeeper_containers: ZooKeeperEnsemble,
-    default_worker_initial_content: dict[str, Any],
-    default_worker_env: dict[str, str],
-    fencing_pause_points: PausePoints,
-    fencing_events: FencingEvents,
+    fencing_worker_container_starter: Callable[[list[str]], list[FencedWorkerContainer]],
 ) -> list[FencedWorkerContainer]:
     """Two such workers, booted side by side: one host to freeze or cut off, one to take the task over."""
-    return _fenced_workers(
-        fencing_container_lab,
-        fencing_zookeeper_containers,
-        default_worker_initial_content,
-        default_worker_env,
-        fencing_pause_points,
-        fencing_events,
-        ["host-a", "host-b"],
-    )
+    return fencing_worker_container_starter(["host-a", "host-b"])

@@ -26,12 +26,11 @@ import contextlib
 import io
 import ipaddress
 import tarfile
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .defaults import LABEL, READY_TIMEOUT
+from .defaults import LABEL
 
 C = TypeVar("C")
 
@@ -40,16 +39,47 @@ class SharedServiceError(AssertionError):
     """A test was about to use a URL that does not point at one of its own containers."""
 
 
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = READY_TIMEOUT, every: float = 0.1) -> Any:
-    """Poll *condition* until it returns something truthy (and return that); fail naming *what* on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+class LabAddressed:
+    """A container of the lab, reached by its name from other containers and by its address from the test.
+
+    Mixed into pytest-celery's container classes: ``url`` names the container
+    (as workers on its network reach it), ``host_url`` its address on the
+    lab's network (as the test process reaches it, never ``localhost``), and
+    no port is published. A subclass sets :attr:`PORT` and :attr:`IMAGE` and
+    says how a URL is spelled (:meth:`url_for`).
+    """
+
+    PORT: int
+    IMAGE: str
+    address: str = ""  # set by the lab once the container joined its network
+    name: Any
+
+    def url_for(self, host: str) -> str:
+        raise NotImplementedError
+
+    @property
+    def hostname(self) -> str:
+        return str(self.name)
+
+    @property
+    def port(self) -> int:
+        return self.PORT
+
+    @property
+    def url(self) -> str:
+        return self.url_for(str(self.name))
+
+    @property
+    def host_url(self) -> str:
+        return self.url_for(self.address)
+
+    @classmethod
+    def image(cls) -> str:
+        return cls.IMAGE
+
+    @classmethod
+    def ports(cls) -> dict[str, Any]:
+        return {}
 
 
 def url_hosts(url: str) -> list[str]:
@@ -168,7 +198,10 @@ class ContainerLab:
             raw.put_archive("/", _tar({f"app/{path}": data for path, data in files.items()}))
         raw.start()
         raw.reload()
-        return wrapper(raw)
+        container = wrapper(raw)
+        if isinstance(container, LabAddressed):  # the test reaches it on its first network
+            container.address = self.address(raw, networks[0])
+        return container
 
     def close(self) -> None:
         """Remove every container and network of the lab (unpausing first: a frozen one cannot be killed)."""

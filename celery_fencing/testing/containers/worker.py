@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_celery.vendors.worker.container import CeleryWorkerContainer  # type: ignore[import-untyped]
 
+from ..processes import wait_for
 from .defaults import READY_TIMEOUT, WORKER_IMAGE
-from .lab import ContainerLab, wait_until
+from .lab import ContainerLab
 
 if TYPE_CHECKING:
     from ..events import FencingEvents
@@ -103,7 +104,7 @@ def start_workers(
         for role in roles
     ]
     for worker in workers:
-        wait_until(worker.ready_now, f"worker {worker.name} to be ready", READY_TIMEOUT)
+        wait_for(worker.ready_now, READY_TIMEOUT, f"worker {worker.name} to be ready", interval=0.1)
     return workers
 
 

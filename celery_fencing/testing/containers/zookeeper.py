@@ -15,8 +15,9 @@ from typing import Any
 from pytest_celery.api.base import CeleryTestCluster, CeleryTestNode  # type: ignore[import-untyped]
 from pytest_celery.api.container import CeleryTestContainer  # type: ignore[import-untyped]
 
+from ..processes import wait_for
 from .defaults import READY_TIMEOUT, ZOOKEEPER_IMAGE, ZOOKEEPER_PORT, ZOOKEEPER_TICK_MS
-from .lab import ContainerLab, wait_until
+from .lab import ContainerLab, LabAddressed
 
 _START = (
     'mkdir -p /data /conf && printf "%s" "$ZOO_CFG" > /conf/zoo.cfg && printf "%s" "$ZOO_MY_ID" > /data/myid && '
@@ -25,24 +26,18 @@ _START = (
 )
 
 
-class ZooKeeperContainer(CeleryTestContainer):  # type: ignore[misc]
-    """One ZooKeeper server in a container, addressed on the lab's coordination network."""
+class ZooKeeperContainer(LabAddressed, CeleryTestContainer):  # type: ignore[misc]
+    """One ZooKeeper server in a container: ``url`` (``host:port``) by name, ``host_url`` by address."""
 
-    address: str = ""
+    PORT = ZOOKEEPER_PORT
+    IMAGE = ZOOKEEPER_IMAGE
 
     @property
     def celeryconfig(self) -> dict[str, Any]:
         return {"url": self.url, "host_url": self.host_url, "hostname": self.name, "port": ZOOKEEPER_PORT}
 
-    @property
-    def url(self) -> str:
-        """``host:port`` by container name, as workers on the network reach it."""
-        return f"{self.name}:{ZOOKEEPER_PORT}"
-
-    @property
-    def host_url(self) -> str:
-        """``address:port``, as the test process reaches it (never localhost: see lab.py)."""
-        return f"{self.address}:{ZOOKEEPER_PORT}"
+    def url_for(self, host: str) -> str:
+        return f"{host}:{ZOOKEEPER_PORT}"
 
     def srvr(self) -> str:
         """ZooKeeper's ``srvr`` four-letter answer ('' while it does not answer)."""
@@ -113,9 +108,8 @@ def start_zookeeper(lab: ContainerLab, members: int = 1, image: str = ZOOKEEPER_
             networks=[lab.coordination],
             environment={"ZOO_CFG": cfg, "ZOO_MY_ID": str(i)},
         )
-        container.address = lab.address(container._container, lab.coordination)
         containers.append(container)
     ensemble = ZooKeeperEnsemble(*containers)
-    wait_until(ensemble.ready, f"ZooKeeper ({members} member(s)) to serve", READY_TIMEOUT)
+    wait_for(ensemble.ready, READY_TIMEOUT, f"ZooKeeper ({members} member(s)) to serve", interval=0.1)
     lab.check_url(ensemble.source_url(from_host=True))
     return ensemble
