@@ -28,6 +28,7 @@ import ipaddress
 import tarfile
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .defaults import LABEL
@@ -204,20 +205,23 @@ class ContainerLab:
         return container
 
     def close(self) -> None:
-        """Remove every container and network of the lab (unpausing first: a frozen one cannot be killed)."""
-        for raw in reversed(self._containers):
-            try:
-                raw.reload()
-                if raw.status == "paused":
-                    raw.unpause()
-                raw.remove(force=True)
-            except Exception:
-                pass
+        """Remove every container and network of the lab, the containers side by side (a few seconds saved
+        per test); a paused one is unpaused first, as a frozen container cannot be killed."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self._containers))) as pool:
+            list(pool.map(_remove, self._containers))
         self._containers.clear()
         for network in reversed(self._networks):
             with contextlib.suppress(Exception):
                 network.remove()
         self._networks.clear()
+
+
+def _remove(raw: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone, or the engine is going away: nothing left to do
+        raw.reload()
+        if raw.status == "paused":
+            raw.unpause()
+        raw.remove(force=True)
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
