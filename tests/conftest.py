@@ -1,4 +1,27 @@
-"""Shared fixtures. Server fixtures live in tests/fixtures/, one module per server."""
+"""Shared fixtures and how the suite spreads over pytest-xdist workers.
+
+Server fixtures live in tests/fixtures/, one module per server; each xdist
+worker is its own pytest session, so it starts its own throwaway servers
+(free ports, its own temp dirs) and gets its own SQL databases
+(tests/fixtures/services.py).
+
+scripts/test runs the suite with ``--dist loadgroup``: tests are handed out
+one by one, except those in one ``xdist_group``, which go to one worker in
+order. :func:`pytest_collection_modifyitems` puts into groups
+
+- every test under tests/containers (one group: they share one Docker daemon);
+- the tests of a module that share a module-scoped fixture (one group per
+  module and parameter of that fixture), so the fixture (a celery worker, a
+  benchmark run) is built once, not once per worker that gets one of them.
+
+A test or module may name its group itself with ``pytest.mark.xdist_group``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = [
     # The testing kit's fixtures (fencing_*), which the ZooKeeper fixtures build on; also loaded by its
@@ -11,3 +34,39 @@ pytest_plugins = [
     "tests.fixtures.redis_cluster",
     "tests.fixtures.django",
 ]
+
+TESTS = Path(__file__).resolve().parent
+CONTAINERS = TESTS / "containers"
+SHARED_SCOPES = ("module", "class", "package")
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group *item* belongs in (see the module docstring), or None to run anywhere."""
+    path = Path(str(item.path)).resolve()
+    if path.is_relative_to(CONTAINERS):
+        return "containers"
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is None:
+        return None
+    shared = sorted(
+        name
+        for name, defs in fixtureinfo.name2fixturedefs.items()
+        if name in fixtureinfo.names_closure and defs and defs[-1].scope in SHARED_SCOPES
+    )
+    if not shared:
+        return None
+    callspec = getattr(item, "callspec", None)
+    params = [f"{name}={callspec.params[name]}" for name in shared if callspec and name in callspec.params]
+    module = path.relative_to(TESTS).as_posix()
+    return module + (f"[{','.join(params)}]" if params else "")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tryfirst: xdist reads the marks in its own hook of this name, which must run after this one.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -112,16 +112,28 @@ def test_refusals_are_raised_as_when_sent_alone(app: Celery, redis_gate: RedisGa
     assert redis_gate.high_water("r") == 60
 
 
-def test_lost_script_cache_falls_back_to_single_calls(app: Celery, redis_gate: RedisGate) -> None:
-    """After SCRIPT FLUSH the pipeline gets NOSCRIPT: each claim runs alone, loads its script, and lands."""
-    backend = _backend(app)
-    redis_gate.claim(FencingToken("s", 1))  # scripts known to the server...
-    redis_gate.client.script_flush()  # ...and forgotten
-    token = FencingToken("s", 7)
-    run_script_calls([redis_gate.claim_call(token), backend.claim_result_call("ts", token)])
-    assert redis_gate.high_water("s") == 7
-    with pytest.raises(StaleTokenError):
-        backend.claim_result("ts", FencingToken("s", 6))
+def test_lost_script_cache_falls_back_to_single_calls(private_redis_url: str, unique_name: str) -> None:
+    """After SCRIPT FLUSH the pipeline gets NOSCRIPT: each claim runs alone, loads its script, and lands.
+
+    On a redis-server of this session's own: SCRIPT FLUSH on the shared one would
+    empty the script cache under every other worker's tests.
+    """
+    app = Celery("fenced-backend-test", backend="fenced+" + private_redis_url, set_as_current=False)
+    app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
+    client = redis.Redis.from_url(private_redis_url)
+    try:
+        backend = armed(_backend(app))
+        redis_gate = armed(RedisGate(client, prefix=unique_name))
+        redis_gate.claim(FencingToken("s", 1))  # scripts known to the server...
+        redis_gate.client.script_flush()  # ...and forgotten
+        token = FencingToken("s", 7)
+        run_script_calls([redis_gate.claim_call(token), backend.claim_result_call("ts", token)])
+        assert redis_gate.high_water("s") == 7
+        with pytest.raises(StaleTokenError):
+            backend.claim_result("ts", FencingToken("s", 6))
+    finally:
+        client.close()
+        app.close()
 
 
 def test_clients_of_other_servers_or_databases_are_not_batched(redis_url: str, unique_name: str) -> None:

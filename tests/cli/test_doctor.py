@@ -30,7 +30,7 @@ def findings(report: dict[str, Any], area: str, status: str | None = None) -> li
     ]
 
 
-def test_healthy_app_has_no_finding(tmp_path: Path, persistent_redis_url: str, rabbitmq_url: str) -> None:
+def test_healthy_app_has_no_finding(tmp_path: Path, private_redis_url: str, rabbitmq_url: str) -> None:
     """A well-set-up app passes every check (exit 0): source monotonic, gates answer, AOF on, fenced results."""
     sql = f"sqlite:///{tmp_path / 'marks.db'}"
     SQLGate(create_engine(sql)).create_schema()
@@ -38,7 +38,7 @@ def test_healthy_app_has_no_finding(tmp_path: Path, persistent_redis_url: str, r
         "CFT_BROKER": rabbitmq_url,
         "CFT_SOURCE": f"sqlite:///{tmp_path / 'tokens.db'}",
         "CFT_SQL": sql,
-        "CFT_REDIS": persistent_redis_url,
+        "CFT_REDIS": private_redis_url,
     }
     done, report = doctor("tests.cli.apps.healthy", env)
     assert done.code == 0, json.dumps(report, indent=1)

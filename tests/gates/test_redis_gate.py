@@ -107,17 +107,27 @@ def test_corrupt_mark_is_refused_not_misread(gate: RedisGate, client: redis.Redi
 # Scripts -------------------------------------------------------------------------
 
 
-def test_scripts_reload_after_script_flush(gate: RedisGate, client: redis.Redis, key: str) -> None:
-    """After SCRIPT FLUSH the gate reloads its scripts (NOSCRIPT) and keeps checking tokens."""
-    gate.set(T("r", 5), key, "a")
-    gate.eval(T("r", 5), "return 1", [key], [])
-    client.script_flush()
-    gate.set(T("r", 6), key, "b")
-    assert gate.eval(T("r", 6), "return 1", [key], []) == 1
-    gate.claim(T("r", 7))
-    with pytest.raises(StaleTokenError):
-        gate.set(T("r", 6), key, "c")
-    assert client.get(key) in (b"b", "b")
+@pytest.mark.parametrize("decode", [False, True], ids=["bytes", "decoded"])
+def test_scripts_reload_after_script_flush(private_redis_url: str, decode: bool, unique_name: str, key: str) -> None:
+    """After SCRIPT FLUSH the gate reloads its scripts (NOSCRIPT) and keeps checking tokens.
+
+    On a redis-server of this session's own: SCRIPT FLUSH on the shared one would
+    empty the script cache under every other worker's tests.
+    """
+    client = redis.Redis.from_url(private_redis_url, decode_responses=decode, socket_connect_timeout=5)
+    try:
+        gate = armed(RedisGate(client, prefix=unique_name))
+        gate.set(T("r", 5), key, "a")
+        gate.eval(T("r", 5), "return 1", [key], [])
+        client.script_flush()
+        gate.set(T("r", 6), key, "b")
+        assert gate.eval(T("r", 6), "return 1", [key], []) == 1
+        gate.claim(T("r", 7))
+        with pytest.raises(StaleTokenError):
+            gate.set(T("r", 6), key, "c")
+        assert client.get(key) in (b"b", "b")
+    finally:
+        client.close()
 
 
 def test_eval_runs_a_body_after_the_check(gate: RedisGate, client: redis.Redis, key: str) -> None:
