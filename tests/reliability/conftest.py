@@ -17,10 +17,10 @@ from reliability.world import World, WorldConfig
 
 @pytest.fixture(scope="module")
 def world(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory, _zookeeper_ensemble_session: Any
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, _fencing_zookeeper_ensemble_session: Any
 ) -> Iterator[World]:
-    _zookeeper_ensemble_session.ensure_serving()
+    _fencing_zookeeper_ensemble_session.ensure_serving()
     config = WorldConfig(root=tmp_path_factory.mktemp("reliability"), seed=6, broker_url=redis_url)
-    world = World(config, _zookeeper_ensemble_session).start()
+    world = World(config, _fencing_zookeeper_ensemble_session).start()
     yield world
     world.close()
