@@ -9,6 +9,7 @@ import pytest
 
 from celery_fencing import FencingToken, InvalidTokenError, ResourceMismatchError, current_token, resolve_token
 from celery_fencing.context import token_context
+from tests.unit import param_id
 
 
 def test_no_token_outside_a_context() -> None:
@@ -39,7 +40,7 @@ def test_token_crosses_into_copied_context_threads() -> None:
     assert seen == [token]
 
 
-@pytest.mark.parametrize("bad", [5, "1:5:r", 5.0, object()], ids=repr)
+@pytest.mark.parametrize("bad", [5, "1:5:r", 5.0, object()], ids=param_id)
 def test_resolve_refuses_non_tokens(bad: object) -> None:
     """A bare number carries no resource: gates refuse it before any I/O."""
     with pytest.raises(InvalidTokenError):

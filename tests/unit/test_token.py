@@ -8,11 +8,12 @@ import pytest
 
 from celery_fencing import MAX_TOKEN_VALUE, FencingToken, InvalidTokenError, ResourceMismatchError
 from celery_fencing.token import validate_resource
+from tests.unit import param_id
 
 BAD_VALUES = [None, True, False, 1.0, 34.5, "35", b"35", 0, -1, 2**63, 2**64, [1], object()]
 
 
-@pytest.mark.parametrize("value", BAD_VALUES, ids=repr)
+@pytest.mark.parametrize("value", BAD_VALUES, ids=param_id)
 def test_bad_values_are_refused(value: object) -> None:
     """Only ints in [1, 2**63 - 1] are token values: no bool, float, str or out-of-range int."""
     with pytest.raises(InvalidTokenError):
