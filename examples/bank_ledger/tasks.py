@@ -31,7 +31,7 @@ from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, cre
 from sqlalchemy.engine import Engine
 
 from celery_fencing.celery import FencedTask, install
-from celery_fencing.gates.sql import SQLGate, high_water_table
+from celery_fencing.gates.sql import SQLGate, applied_table, high_water_table
 
 NAMESPACE = os.environ.get("EXAMPLE_NAMESPACE", "bank")
 DATABASE_URL = os.environ.get("EXAMPLE_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -55,8 +55,10 @@ ledger = Table(
     Column("task_id", String(64), nullable=False),
     Column("token", BigInteger, nullable=False),
 )
-# The gate's mark table, defined in our own metadata so create_all (or Alembic) makes it.
+# The gate's tables (its marks, and the exactly-once records of the tasks that wrote),
+# defined in our own metadata so create_all (or Alembic) makes them.
 marks = high_water_table(metadata, f"{NAMESPACE}_marks")
+applied = applied_table(metadata, f"{NAMESPACE}_applied")
 
 
 @cache
@@ -67,7 +69,7 @@ def engine() -> Engine:
 
 @cache
 def gate() -> SQLGate:
-    return SQLGate(engine(), table=marks.name, metadata=metadata)
+    return SQLGate(engine(), table=marks.name, applied_table=applied.name, metadata=metadata)
 
 
 app = install(Celery("bank_ledger", broker=os.environ.get("EXAMPLE_BROKER", "redis://127.0.0.1:6379/0")))
