@@ -10,6 +10,10 @@ one by one, except those in one ``xdist_group``, which go to one worker in
 order. :func:`pytest_collection_modifyitems` puts into groups
 
 - every test under tests/containers (one group: they share one Docker daemon);
+- the tests that use one of the session servers few tests need and that cost
+  CPU to start or to keep running (the ZooKeeper ensemble, the etcd cluster,
+  the Redis Cluster, the TLS servers): one group per server, so one worker
+  starts it instead of every worker;
 - the tests of a module that share a module-scoped fixture (one group per
   module and parameter of that fixture), so the fixture (a celery worker, a
   benchmark run) is built once, not once per worker that gets one of them.
@@ -38,6 +42,16 @@ pytest_plugins = [
 TESTS = Path(__file__).resolve().parent
 CONTAINERS = TESTS / "containers"
 SHARED_SCOPES = ("module", "class", "package")
+# The session fixture of each such server, and the kind name under which the source and
+# gate contract suites reach it by parameter (request.getfixturevalue, invisible to collection).
+SERVER_GROUPS = {
+    "_fencing_zookeeper_ensemble_session": "zookeeper-ensemble",
+    "zookeeper_ensemble": "zookeeper-ensemble",
+    "_etcd_cluster_session": "etcd-cluster",
+    "etcd_cluster": "etcd-cluster",
+    "redis_cluster": "redis-cluster",
+    "certs": "tls-servers",
+}
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:
@@ -48,6 +62,11 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     fixtureinfo = getattr(item, "_fixtureinfo", None)
     if fixtureinfo is None:
         return None
+    callspec = getattr(item, "callspec", None)
+    kinds = {value for value in callspec.params.values() if isinstance(value, str)} if callspec else set()
+    servers = sorted({SERVER_GROUPS[name] for name in (set(fixtureinfo.names_closure) | kinds) & SERVER_GROUPS.keys()})
+    if servers:
+        return "+".join(servers)
     shared = sorted(
         name
         for name, defs in fixtureinfo.name2fixturedefs.items()
@@ -55,7 +74,6 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     )
     if not shared:
         return None
-    callspec = getattr(item, "callspec", None)
     params = [f"{name}={callspec.params[name]}" for name in shared if callspec and name in callspec.params]
     module = path.relative_to(TESTS).as_posix()
     return module + (f"[{','.join(params)}]" if params else "")
