@@ -86,9 +86,11 @@ class SoakWorld(World):
             # Copied on the loop, whose tasks add to them; the history is read and checked off it.
             snapshot = {side: dict(submitted[side]) for side in SIDES}
             injected = list(faults)
+            # The line is stamped with the snapshot's time, not with when the check (which may
+            # take seconds on a loaded machine) is done: the figures are as of the snapshot.
+            elapsed = time.monotonic() - started
             events.extend(await asyncio.to_thread(tail.poll))
             figures = await asyncio.to_thread(_check_sides, events, snapshot, injected)
-            elapsed = time.monotonic() - started
             phase = f"of {spec.duration:.0f}s" if elapsed < spec.duration else "(healed, draining)"
             sides = "; ".join(
                 f"{side} submitted {len(snapshot[side])} applied {f.applied} "
