@@ -12,41 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from celery_fencing.testing.processes import children_of, process_state, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
-    """Poll *predicate* until it returns something truthy; fail naming *what* after *timeout*."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children of *pid* (Linux /proc)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-def process_state(pid: int) -> str:
-    """The one-letter state of *pid* from /proc (R, S, T for stopped, Z, ...), '' if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 class WorkerProcess:
