@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from celery_fencing.testing.processes import children_of, process_state
+
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 
@@ -65,23 +67,6 @@ def free_port() -> int:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def process_state(pid: int) -> str:
-    """One-letter state of *pid* from /proc (R, S, T stopped, Z zombie), '' when gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
