@@ -13,7 +13,15 @@ from .token import FencingToken
 if TYPE_CHECKING:
     from .context import Execution
 
-__all__ = ["AppliedRecords", "FencedResultStore", "FlooredStore", "Gate", "TokenSource", "TokenVerifier"]
+__all__ = [
+    "AppliedRecords",
+    "BlockSource",
+    "FencedResultStore",
+    "FlooredStore",
+    "Gate",
+    "TokenSource",
+    "TokenVerifier",
+]
 
 
 @runtime_checkable
@@ -40,6 +48,34 @@ class TokenSource(Protocol):
 
     def close(self) -> None:
         """Release connections and files. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class BlockSource(Protocol):
+    """A source that reserves tokens by the block: one coordinator write for many tokens (see :mod:`.blocks`).
+
+    * ``mint_transient(resource)`` is *fresh*: one write of its own, so its
+      token is above every token of the grantor handed out before the call,
+      by any process. It also gives this process the rest of a new block.
+    * ``mint_in_block(resource)`` hands out the next token of the process's
+      block, reserving a new one (a fresh mint) when none is left. Its token
+      is above every token this process had before, but may be below one
+      another process handed out earlier in wall time.
+
+    So a caller that draws from a block and is refused must mint fresh before
+    it concludes that a newer execution exists. ``block_size`` is 1 when
+    blocks are off: every ``mint_in_block`` is then a fresh mint.
+    """
+
+    block_size: int
+
+    def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """A fresh token for *resource*, leaving no per-resource state behind."""
+        ...
+
+    def mint_in_block(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """The next token of this process's block, or a fresh one when the block is used up."""
         ...
 
 

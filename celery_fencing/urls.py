@@ -12,7 +12,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from .exceptions import FencingConfigurationError
 
-__all__ = ["parse_seconds", "query_params", "redact_url", "split_url"]
+__all__ = ["parse_block", "parse_seconds", "query_params", "redact_url", "split_url"]
 
 
 def redact_url(url: object) -> str:
@@ -84,3 +84,17 @@ def parse_seconds(shown: str, name: str, raw: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise FencingConfigurationError(f"{name}={raw!r} in {shown!r} must be a positive number of seconds")
     return value
+
+
+def parse_block(shown: str, raw: str) -> int:
+    """The ``block=N`` parameter of a source URL: tokens per block, 1 (off) to ``2**SCALE_BITS``.
+
+    :raises FencingConfigurationError: naming the value and the URL (as *shown*).
+    """
+    from .blocks import DEFAULT_BLOCK_SIZE
+
+    if not raw.isdigit() or not 1 <= int(raw) <= DEFAULT_BLOCK_SIZE:
+        raise FencingConfigurationError(
+            f"block={raw!r:.20} in {shown!r} must be a whole number from 1 (no blocks) to {DEFAULT_BLOCK_SIZE}"
+        )
+    return int(raw)

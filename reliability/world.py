@@ -7,7 +7,8 @@ A :class:`World` owns, on loopback only:
 * a throwaway PostgreSQL cluster: accounts, audit rows, SQL marks;
 * per worker, one TCP proxy per ZooKeeper node: kazoo sees only the proxies;
 * two fleets of prefork ``celery worker`` processes, *fenced* and *control*,
-  the first worker of each under libfaketime (wall clock only);
+  the first worker of each under libfaketime (wall clock only), the workers
+  of each drawing tokens from blocks of different sizes (``WorldConfig.blocks``);
 
 and uses a ZooKeeper ensemble it is given, and the machine's Redis as broker
 (under a key prefix of its own, never flushed, never restarted).
@@ -68,6 +69,10 @@ class WorldConfig:
     visibility_timeout: float = 3.0
     session_timeout: float = 2.0
     think_ms: tuple[float, float] = (50.0, 500.0)
+    # Token blocks per worker (by index): a large block and a small one, so the processes
+    # sharing the hot accounts hold blocks of different ages, and a copy re-delivered to a
+    # process with an older block draws the lower token (see celery_fencing.blocks).
+    blocks: tuple[int, ...] = (1024, 3)
     broker_url: str = field(
         default_factory=lambda: os.environ.get("FENCING_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
@@ -260,7 +265,11 @@ class World:
                 proxies = [await TcpProxy((HOST, port)).start() for port in self.source_hosts]
                 self.proxies[name] = proxies
                 hosts = ",".join(p.address for p in proxies)
-                source = f"zookeeper://{hosts}/rel-{self.id}?session_timeout={self.config.session_timeout:g}&timeout=3"
+                block = self.config.blocks[index % len(self.config.blocks)]
+                source = (
+                    f"zookeeper://{hosts}/rel-{self.id}"
+                    f"?session_timeout={self.config.session_timeout:g}&timeout=3&block={block}"
+                )
                 env = {
                     "RW_MODE": side,
                     "RW_PREFIX": self.names[side].prefix,

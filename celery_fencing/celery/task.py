@@ -67,7 +67,7 @@ from ..policies import (
     decide,
     policy_from_setting,
 )
-from ..protocols import FencedResultStore, Gate
+from ..protocols import BlockSource, FencedResultStore, Gate
 from ..token import FencingToken, validate_resource
 from . import signals
 from .claims import _own_method, arm_stores, claim_stores
@@ -205,8 +205,14 @@ class FencedTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         self._arm_stores(runtime, source, resource, resource_is_task_id, settings)
         remint = mode != "exclusive"  # once: a token below a store's floor (the store was just armed)
+        # A token of a block may be below one another process handed out earlier: a refusal
+        # of it says only that the block is old. Draw from the block first; mint fresh (a
+        # coordinator write, above every token handed out before) before concluding anything.
+        in_block = remint and isinstance(source, BlockSource) and source.block_size > 1
         while True:
-            execution = self._mint_execution(runtime, source, resource, resource_is_task_id, settings, mode, started)
+            execution = self._mint_execution(
+                runtime, source, resource, resource_is_task_id, settings, mode, started, in_block=in_block
+            )
             try:
                 with token_context(execution):  # the gates read the execution's retention from it
                     self._claim(runtime, execution.token, request, batch=resource_is_task_id)
@@ -215,7 +221,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 # after this token: not a newer execution. Mint a fresh token (above the floor).
                 self._end(execution, keep_lease=False)
                 if remint:
-                    remint = False
+                    remint = in_block = False
                     logger.info("task %s[%s]: %s; minting a fresh token", self.name, request.id, exc)
                     continue
                 self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
@@ -225,6 +231,12 @@ class FencedTask(Task):  # type: ignore[misc]
                 self._already_applied(exc, resource, phase="claim", finish=False)
             except _FENCED_OUT as exc:
                 self._end(execution, keep_lease=False)
+                if in_block and isinstance(exc, StaleTokenError):
+                    in_block = False
+                    logger.debug(
+                        "task %s[%s]: %s, with a token of a block; minting a fresh token", self.name, request.id, exc
+                    )
+                    continue
                 self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim")
             except GateUnavailableError as exc:
                 # A gate's store is down (restarting, unreachable): not a newer execution.
@@ -260,8 +272,13 @@ class FencedTask(Task):  # type: ignore[misc]
         settings: FencingSettings,
         mode: str,
         started: float,
+        *,
+        in_block: bool = False,
     ) -> Execution:
-        """Mint (or lease) a token for *resource* and make the execution that carries it current on the request."""
+        """Mint (or lease) a token for *resource* and make the execution that carries it current on the request.
+
+        *in_block*: take the next token of the process's block (*source* is a :class:`BlockSource`).
+        """
         request = self.request
         held: HeldLease | None = None
         try:
@@ -277,6 +294,8 @@ class FencedTask(Task):  # type: ignore[misc]
                     held = self._take_lease(runtime, lease_factory, resource, settings)
                 request.fencing_lease = held
                 token = held.lease.token
+            elif in_block:
+                token = source.mint_in_block(resource, timeout=settings.timeout)
             else:
                 # A task id is never minted for again once its task is done: a source
                 # that can mint without keeping per-resource state (ZooKeeper) should.

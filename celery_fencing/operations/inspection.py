@@ -145,6 +145,12 @@ class ZooKeeperPeeker:
         except Exception:
             data = None  # no grantor id yet (never minted, or minted by an older version)
         self.grantor = _grantor_or_none(bytes(data).decode("ascii", "replace") if data else None)
+        try:
+            data, _ = self._client.get_async(f"{self.root}/token-scale").get(timeout=self.timeout)
+            # Tokens are zxids times 2**bits (blocks); a root of an older version has raw zxids.
+            self.scale_bits = int(bytes(data or b"0").decode("ascii", "replace").strip() or 0)
+        except Exception:
+            self.scale_bits = 0
 
     def peek(self, resource: str) -> Peek:
         from ..sources.zookeeper import resource_to_znode_name
@@ -156,10 +162,12 @@ class ZooKeeperPeeker:
         # their own. Read it after a sync, so it covers every write committed before.
         self._client.sync_async(self.root).get(timeout=self.timeout)
         self._client.exists_async(self.root).get(timeout=self.timeout)
-        bound = int(self._client.last_zxid)
+        bits = self.scale_bits
+        # The last zxid's block may hand out tokens up to the next zxid's first, less one.
+        bound = ((int(self._client.last_zxid) + 1) << bits) - 1
         if stat is None:
             return Peek(None, note="no znode", bound=bound)
-        return Peek(int(stat.mzxid), bound=bound)
+        return Peek(int(stat.mzxid) << bits, bound=bound)
 
     def close(self) -> None:
         try:

@@ -12,8 +12,10 @@ URL                                        source
 
 Query parameters: ``timeout`` (seconds, every source), for ZooKeeper
 ``session_timeout`` (seconds) and the TLS options ``tls``, ``ca``,
-``certfile``, ``keyfile``, ``verify_certs``, for etcd ``lease_ttl`` (seconds)
-and ``cluster_id``. ZooKeeper takes digest credentials in the URL,
+``certfile``, ``keyfile``, ``verify_certs``, for ZooKeeper and SQLite
+``block`` (tokens one coordinator write reserves for a process, default
+1024; ``block=1`` turns token blocks off: :mod:`celery_fencing.blocks`), for
+etcd ``lease_ttl`` (seconds) and ``cluster_id``. ZooKeeper takes digest credentials in the URL,
 ``zookeeper://user:password@h1:2181/root`` (percent-encode ``@ : /`` in them);
 error messages show such URLs with the password as ``***``. Driver modules are imported only when their scheme is used,
 so ``import celery_fencing`` pulls in no driver.
@@ -21,13 +23,13 @@ so ``import celery_fencing`` pulls in no driver.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import FencingConfigurationError
 from ..protocols import TokenSource
 
 # Re-exported: sources named these before they moved to the core's URL module.
-from ..urls import parse_seconds, query_params, redact_url, split_url
+from ..urls import parse_block, parse_seconds, query_params, redact_url, split_url
 
 if TYPE_CHECKING:
     from .etcd import EtcdTokenSource
@@ -76,7 +78,10 @@ def token_source_from_url(url: str) -> TokenSource:
         source: TokenSource = ZooKeeperTokenSource.from_url(url)
         return source
     shown = redact_url(url)
-    params = query_params(parts, {"timeout"}, what="token source URL", shown=shown)
+    params = query_params(
+        parts, {"timeout", "block"} if scheme == "sqlite" else {"timeout"}, what="token source URL", shown=shown
+    )
+    block = parse_block(shown, params.pop("block")) if "block" in params else None
     seconds = {name: parse_seconds(shown, name, raw) for name, raw in params.items()}
 
     if scheme == "memory":
@@ -96,7 +101,8 @@ def token_source_from_url(url: str) -> TokenSource:
             raise FencingConfigurationError(f"sqlite:// URL {shown!r} names no database file")
         from .sqlite import SQLiteTokenSource
 
-        return SQLiteTokenSource(path, **seconds)
+        options: dict[str, Any] = {**seconds} if block is None else {**seconds, "block": block}
+        return SQLiteTokenSource(path, **options)
     raise FencingConfigurationError(
         f"unknown token source scheme {parts.scheme!r:.40} in {shown!r}; known schemes: {', '.join(SCHEMES)}"
     )

@@ -9,6 +9,11 @@ tokens order above every old mark. ``mint`` also keeps the resource's last
 token (``fencing_tokens``, for ``celery-fencing inspect``);
 ``mint_transient``, which fenced tasks use for their task ids, keeps nothing.
 
+Blocks (:mod:`celery_fencing.blocks`): ``mint_transient`` advances the
+counter by ``block`` in its one transaction, returns the first value and
+keeps the rest for this process's ``mint_in_block``, which then needs no
+transaction (and no fsync) until the block is used up.
+
 Suits a single host (the demo, a one-machine deployment, development). Several
 processes on that host may mint concurrently: each mint is one ``BEGIN
 IMMEDIATE`` transaction, which SQLite serialises across processes with a file
@@ -39,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from ..blocks import DEFAULT_BLOCK_SIZE, TokenBlock, validate_block_size
 from ..exceptions import FencingConfigurationError, InvalidTokenError, TokenUnavailableError
 from ..token import FencingToken, validate_grantor, validate_resource
 
@@ -73,7 +79,7 @@ SELECT 1, coalesce(max(value), 0) FROM fencing_tokens
 """
 # One statement: the lock of BEGIN IMMEDIATE makes the increment atomic
 # across processes, and RETURNING hands back the value that was stored.
-_MINT = "UPDATE fencing_sequence SET value = value + 1 WHERE singleton = 1 RETURNING value"
+_MINT = "UPDATE fencing_sequence SET value = value + ? WHERE singleton = 1 RETURNING value"
 _KEEP_LAST = """
 INSERT INTO fencing_tokens (resource, value) VALUES (?, ?)
 ON CONFLICT (resource) DO UPDATE SET value = excluded.value
@@ -86,6 +92,7 @@ class SQLiteTokenSource:
     :param path: the database file; its directory must exist.
     :param timeout: default bound, in seconds, on how long ``mint`` waits for
         the file lock held by other minting processes.
+    :param block: tokens per block for :meth:`mint_in_block` (1 turns blocks off).
     :raises FencingConfigurationError: the file cannot be opened or created.
     """
 
@@ -93,9 +100,12 @@ class SQLiteTokenSource:
     #: ``ceiling()`` is one counter for every resource.
     ceiling_is_global = True
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0, block: int = DEFAULT_BLOCK_SIZE) -> None:
         self.path = Path(path)
         self.timeout = timeout
+        #: Tokens one transaction reserves for :meth:`mint_in_block` (1: blocks are off).
+        self.block_size = validate_block_size(block)
+        self._block = TokenBlock()
         # One connection per process and OS thread (SQLite connections must not cross
         # threads or fork()). Keyed by the native thread id, not a threading.local:
         # gevent makes those per greenlet, which would open the file once per task.
@@ -181,7 +191,24 @@ class SQLiteTokenSource:
         return self._mint(resource, timeout, keep=True)
 
     def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
-        """As :meth:`mint`, keeping no row for *resource*: for task ids, never minted for again."""
+        """As :meth:`mint`, keeping no row for *resource*: for task ids, never minted for again.
+
+        Fresh, as :meth:`mint`; the same transaction reserves this process's next block.
+        """
+        return self._mint(resource, timeout, keep=False)
+
+    def mint_in_block(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """The next token of this process's block; a :meth:`mint_transient` when it is used up.
+
+        Above every token this process handed out before, but perhaps below one
+        another process handed out earlier (see :mod:`celery_fencing.blocks`).
+        """
+        validate_resource(resource)
+        if self._closed:
+            raise TokenUnavailableError("SQLiteTokenSource is closed", resource=resource)
+        taken = self._block.take()
+        if taken is not None:
+            return FencingToken(resource, taken[0], taken[1])
         return self._mint(resource, timeout, keep=False)
 
     def _mint(self, resource: str, timeout: float | None, *, keep: bool) -> FencingToken:
@@ -192,16 +219,21 @@ class SQLiteTokenSource:
         while True:
             try:
                 conn = self._connection(deadline)
+                # A transient mint reserves a block: the counter moves by its size, the first value is the token.
+                step = 1 if keep else self.block_size
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    (value,) = conn.execute(_MINT).fetchone()
+                    (value,) = conn.execute(_MINT, (step,)).fetchone()
                     if keep:
                         conn.execute(_KEEP_LAST, (resource, value))
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-                return FencingToken(resource, value, self.grantor)
+                first = value - step + 1
+                if step > 1:
+                    self._block.install(first + 1, value, self.grantor)
+                return FencingToken(resource, first, self.grantor)
             except sqlite3.OperationalError as exc:
                 # "database is locked" after the connection's busy timeout: retry
                 # until our own deadline, then give up loudly.

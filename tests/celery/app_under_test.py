@@ -44,6 +44,37 @@ app.conf.update(
 )
 if os.environ.get("FT_SOURCE"):
     app.conf.fencing_source = os.environ["FT_SOURCE"]
+
+
+class BlocksPassedOffAsFresh:
+    """A negative control: tokens drawn from blocks, but offered as fresh ones (no ``mint_in_block``).
+
+    So a fenced task takes a refusal of a block token at its word, as it
+    would without the rule "mint fresh before concluding" (tests/celery/test_block_tokens.py).
+    """
+
+    volatile = False
+
+    def __init__(self, url: str) -> None:
+        from celery_fencing import token_source_from_url
+
+        self.inner: Any = token_source_from_url(url)
+
+    def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        token: FencingToken = self.inner.mint_in_block(resource, timeout=timeout)
+        return token
+
+    mint_transient = mint
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+if os.environ.get("FT_BLOCKS_PASSED_OFF_AS_FRESH"):
+    app.conf.fencing_source = lambda: BlocksPassedOffAsFresh(os.environ["FT_SOURCE"])
 if os.environ.get("FT_CONF"):
     app.conf.update(json.loads(os.environ["FT_CONF"]))  # extra settings of one test
 if os.environ.get("FT_VISIBILITY_TIMEOUT"):

@@ -7,7 +7,7 @@ import uuid
 
 from kazoo.client import KazooClient
 
-from celery_fencing.sources.zookeeper import resource_to_znode_name
+from celery_fencing.blocks import SCALE_BITS
 from tests.fixtures.zookeeper import ZooKeeperServer
 
 from .conftest import Scenario
@@ -29,8 +29,9 @@ def test_prefork_children_mint_zxid_tokens(scenario: Scenario, zookeeper_server:
 
 
 def test_task_id_resources_leave_no_znode_per_task(scenario: Scenario, zookeeper_server: ZooKeeperServer) -> None:
-    """Tasks fenced on their task id mint through one shared znode (mint_transient): ZooKeeper does
-    not grow by a znode per task, tokens stay distinct, and a domain resource still gets its znode."""
+    """Tasks mint from token blocks reserved by writes to one shared znode: ZooKeeper does not grow
+    by a znode per task (nor per domain resource), tokens stay distinct, and each pool process
+    reserves its block with one write for all its tasks."""
     _use_zookeeper(scenario, zookeeper_server)
     scenario.worker("w", pool="prefork", concurrency=2)
     results = [scenario.send("task_id_token") for _ in range(8)]
@@ -41,9 +42,12 @@ def test_task_id_resources_leave_no_znode_per_task(scenario: Scenario, zookeeper
     admin = KazooClient(zookeeper_server.hosts)
     admin.start(30)
     try:
-        assert admin.get_children(f"{root}/tokens") == [resource_to_znode_name("plain:zk")]
+        assert not admin.exists(f"{root}/tokens") or admin.get_children(f"{root}/tokens") == []
         _, stat = admin.get(f"{root}/transient")
-        assert stat.mzxid >= max(tokens)
+        # One create, then a setData per block: one block per pool process served all nine tasks.
+        assert stat.version + 1 <= 2, f"{stat.version + 1} writes for 9 tasks on 2 processes"
+        # Tokens come from blocks: the last write's block ends below the next zxid's first token.
+        assert max(tokens) < (stat.mzxid + 1) << SCALE_BITS
     finally:
         admin.stop()
         admin.close()

@@ -51,8 +51,11 @@ model leaves out: its retry comes back ``fencing_defer_countdown`` seconds
 later (time is not modelled: a retry is just another message), and it defers
 at most ``fencing_max_retries`` times per task id, then drops the copy as
 ``ignore`` does (here re-deliveries are bounded, so every chain of deferrals
-ends by itself). Until token blocks exist every token is minted fresh, so the
-re-mint step is the model's ``block_size=1`` case.
+ends by itself). The library's blocks (celery_fencing.blocks) are the model's
+``block_size > 1``: ``mint_in_block`` is its MINT, ``mint_transient`` its
+MINT_FRESH, and ``FencedTask._start_fencing`` re-mints fresh on a refused claim
+of a block token, as :class:`Protocol` does; with ``block=1`` every token is
+fresh and the re-mint step is the model's ``block_size=1`` case.
 
 Why dropping loses a task even without blocks: the ack. kombu's Redis
 transport keeps unacked messages by delivery tag, assigned at publish and kept

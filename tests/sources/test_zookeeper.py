@@ -26,6 +26,7 @@ from celery_fencing import (
     TokenUnavailableError,
     token_source_from_url,
 )
+from celery_fencing.blocks import SCALE_BITS
 from celery_fencing.sources.zookeeper import (
     MAX_ZNODE_NAME_LENGTH,
     ZooKeeperLease,
@@ -143,8 +144,8 @@ def test_token_is_the_mzxid_of_the_write(make_source: Callable[..., ZooKeeperTok
     source = make_source()
     tokens = [source.mint("acct:1") for _ in range(3)]
     _, stat = admin.get(f"{source.root}/tokens/acct:1")
-    assert tokens[0].value == stat.czxid
-    assert tokens[-1].value == stat.mzxid
+    assert tokens[0].value == stat.czxid << SCALE_BITS
+    assert tokens[-1].value == stat.mzxid << SCALE_BITS
     assert stat.version == 2  # created by the first mint, then one setData per mint
 
 
@@ -175,7 +176,7 @@ def test_transient_tokens_leave_no_znode_and_order_with_named_ones(
     assert [token.value for token in transient] == sorted({token.value for token in transient})
     assert not admin.exists(f"{first.root}/tokens") or admin.get_children(f"{first.root}/tokens") == []
     _, stat = admin.get(f"{first.root}/transient")
-    assert stat.mzxid == transient[-1].value
+    assert stat.mzxid << SCALE_BITS == transient[-1].value
     assert transient[-1].grantor == first.grantor_id()
 
     mixed = []
@@ -222,7 +223,7 @@ def test_suspended_session_refuses_and_nothing_runs_later(
         # session's requests in order: the read below sees any write a refused mint queued.
         client.sync(f"{source.root}/tokens/acct:3")
         _, stat = client.get(f"{source.root}/tokens/acct:3")
-        assert stat.mzxid == last, "a refused mint reached ZooKeeper after all"
+        assert stat.mzxid << SCALE_BITS == last, "a refused mint reached ZooKeeper after all"
         assert source.mint("acct:3").value > last
     finally:
         client.stop()

@@ -9,6 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from celery_fencing import FencingConfigurationError, InvalidTokenError, TokenUnavailableError
+from celery_fencing.blocks import SCALE_BITS
 from celery_fencing.sources.zookeeper import ZooKeeperTokenSource, resource_to_znode_name
 from tests.fixtures.zookeeper import ZooKeeperServer
 
@@ -39,7 +40,7 @@ def test_mint_many_returns_the_zxid_of_each_resources_own_write_in_order(
     for name in ("new/1", "new 2", "old"):
         stat = inspector.exists(f"{source.root}/tokens/{resource_to_znode_name(name)}")
         assert stat is not None
-        assert max(token.value for token in tokens if token.resource == name) == stat.mzxid
+        assert max(token.value for token in tokens if token.resource == name) == stat.mzxid << SCALE_BITS
     assert tokens[0].value < tokens[3].value, "a resource named twice gets two tokens, the later one larger"
     assert len({token.value for token in tokens}) == len(tokens), "one write per token"
 
@@ -136,5 +137,6 @@ def test_first_mint_in_a_process_falls_back_from_create_to_set_data(
         third, fourth = other.mint_many(["shared", "shared"])
     stat = inspector.exists(f"{source.root}/tokens/shared")
     assert stat is not None
-    assert first.value == stat.czxid < second.value < third.value < fourth.value == stat.mzxid
+    assert first.value == stat.czxid << SCALE_BITS < second.value < third.value < fourth.value
+    assert fourth.value == stat.mzxid << SCALE_BITS
     assert stat.version == 3, "one create, then one setData per later token"

@@ -22,6 +22,7 @@ def test_public_names_are_in_all() -> None:
     public = {n for n in vars(celery_fencing) if not n.startswith("_") and n.isidentifier()}
     submodules = {
         "celery",
+        "blocks",
         "cli",
         "context",
         "contrib",

@@ -21,8 +21,9 @@ from urllib.parse import unquote
 from kazoo.protocol.serialization import Auth
 from kazoo.security import make_digest_acl
 
+from ...blocks import DEFAULT_BLOCK_SIZE
 from ...exceptions import FencingConfigurationError
-from ...urls import parse_seconds, query_params, redact_url, split_url
+from ...urls import parse_block, parse_seconds, query_params, redact_url, split_url
 
 __all__ = [
     "KAZOO_LOGGER",
@@ -260,6 +261,7 @@ class UrlSettings(NamedTuple):
     digest: tuple[str, str] | None
     tls: ZooKeeperTLS | None
     seconds: dict[str, float]
+    block: int
 
 
 def parse_url(url: str) -> UrlSettings:
@@ -287,14 +289,17 @@ def parse_url(url: str) -> UrlSettings:
     hosts = validate_hosts(netloc, shown)
     path = unquote(parts.path)
     root = path if path not in ("", "/") else "/fencing"
-    params = query_params(parts, {"timeout", "session_timeout"} | _TLS_PARAMS, what="ZooKeeper URL", shown=shown)
+    params = query_params(
+        parts, {"timeout", "session_timeout", "block"} | _TLS_PARAMS, what="ZooKeeper URL", shown=shown
+    )
     tls = _url_tls(params, shown)
+    block = parse_block(shown, params.pop("block")) if "block" in params else DEFAULT_BLOCK_SIZE
     seconds = {name: parse_seconds(shown, name, raw) for name, raw in params.items() if name not in _TLS_PARAMS}
     try:
         root = validate_root(root)
     except FencingConfigurationError as exc:
         raise FencingConfigurationError(f"{exc} (in {shown!r})") from None
-    return UrlSettings(hosts, root, digest, tls, seconds)
+    return UrlSettings(hosts, root, digest, tls, seconds, block)
 
 
 def _url_tls(params: dict[str, str], shown: str) -> ZooKeeperTLS | None:

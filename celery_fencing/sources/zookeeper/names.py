@@ -91,6 +91,7 @@ class Layout:
         self.locks = f"{root}/locks"
         self.transient = f"{root}/transient"
         self.grantor = f"{root}/grantor"
+        self.scale = f"{root}/token-scale"
         self.clock = f"{root}/clock"
 
     def token(self, resource: str) -> str:

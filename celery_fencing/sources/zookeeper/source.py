@@ -1,8 +1,10 @@
 """ZooKeeperTokenSource: minting zxids, and the facade over the session, pruning and leases.
 
-A token is the ``mzxid`` of one write: a ``setData`` on the resource's znode
-``<root>/tokens/<name>`` (or its ``create``, the first time), or on the shared
-``<root>/transient`` for :meth:`~ZooKeeperTokenSource.mint_transient`.
+A token is the ``mzxid`` of one write, times ``2**SCALE_BITS`` (:mod:`celery_fencing.blocks`):
+a ``setData`` on the resource's znode ``<root>/tokens/<name>`` (or its
+``create``, the first time), or on the shared ``<root>/transient`` for
+:meth:`~ZooKeeperTokenSource.mint_transient`, whose write also reserves the
+block of tokens below the next zxid for :meth:`~ZooKeeperTokenSource.mint_in_block`.
 Errors: everything that prevents minting raises
 :class:`~celery_fencing.TokenUnavailableError` with the driver's error
 chained, within the call's timeout; a bad resource name raises
@@ -20,12 +22,13 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from ...blocks import DEFAULT_BLOCK_SIZE, SCALE_BITS, TokenBlock, validate_block_size
 from ...exceptions import FencingConfigurationError, TokenUnavailableError
 from ...token import FencingToken, validate_resource
 from . import config
 from .calls import request
 from .config import ZooKeeperTLS
-from .grantor import Grantor, token_from
+from .grantor import Grantor, scaled, token_from
 from .lease import LockQueue, ZooKeeperLease
 from .names import Layout
 from .orphans import clean_orphans, delete_lock_node
@@ -57,6 +60,9 @@ class ZooKeeperTokenSource:
         digest scheme and create every znode with an ACL for that user only
         (see "Access control" in docs/security.md). Only for a client the source builds.
     :param tls: TLS options for a client the source builds.
+    :param block: tokens per block for :meth:`mint_in_block` (1 to
+        ``2**SCALE_BITS``, the default): one ZooKeeper write reserves that
+        many for this process. 1 turns blocks off: every token is a write.
     :raises FencingConfigurationError: for bad arguments.
     """
 
@@ -75,6 +81,7 @@ class ZooKeeperTokenSource:
         lock_delay: float = 0.0,
         digest: tuple[str, str] | None = None,
         tls: ZooKeeperTLS | None = None,
+        block: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         if (hosts is None) == (client is None):
             raise FencingConfigurationError("ZooKeeperTokenSource needs exactly one of hosts= or client=")
@@ -91,6 +98,9 @@ class ZooKeeperTokenSource:
         self.timeout = config.validate_seconds("timeout", timeout)
         self.session_timeout = config.validate_seconds("session_timeout", session_timeout)
         self.lock_delay = config.validate_lock_delay(lock_delay)
+        #: Tokens one write reserves for :meth:`mint_in_block` (1: blocks are off).
+        self.block_size = validate_block_size(block, maximum=2**SCALE_BITS)
+        self._block = TokenBlock()
         self._layout = Layout(self.root)
         self._session = Session(
             self.hosts,
@@ -109,7 +119,8 @@ class ZooKeeperTokenSource:
     def from_url(cls, url: str) -> ZooKeeperTokenSource:
         """Build a source from ``zookeeper://[user:password@]h1:2181,h2:2181/root?timeout=5&session_timeout=10``.
 
-        The path is the root znode (default ``/fencing``). ``user:password@``
+        The path is the root znode (default ``/fencing``). ``block=N`` sets
+        the tokens per block (``block=1`` turns blocks off). ``user:password@``
         are digest credentials (percent-encoded). TLS: ``tls=true`` and
         optionally ``ca=``, ``certfile=``, ``keyfile=`` (file paths) and
         ``verify_certs=false``.
@@ -118,7 +129,14 @@ class ZooKeeperTokenSource:
             (with the password shown as ``***``).
         """
         settings = config.parse_url(url)
-        return cls(settings.hosts, root=settings.root, digest=settings.digest, tls=settings.tls, **settings.seconds)
+        return cls(
+            settings.hosts,
+            root=settings.root,
+            digest=settings.digest,
+            tls=settings.tls,
+            block=settings.block,
+            **settings.seconds,
+        )
 
     def client_options(self) -> dict[str, Any]:
         """The ``KazooClient`` keyword arguments for this source's auth, ACL, TLS and password-masking logger.
@@ -173,11 +191,12 @@ class ZooKeeperTokenSource:
         return self._grantor.current(self._session.usable_client(None), deadline, None)[1]
 
     def ceiling(self, resource: str | None = None, *, timeout: float | None = None) -> int:
-        """Return the ensemble's last zxid: no token minted so far, of any resource, is above it. Writes nothing.
+        """Return the top of the block of the ensemble's last zxid: no token minted so far is above it. Writes nothing.
 
         A ``sync`` of the root, then an ``exists``: every reply carries the
         server's last processed zxid, which after the sync covers every write
-        committed before it. For :class:`~celery_fencing.signing.PlausibilityBound`.
+        committed before it; a block reserved by that write may hand out
+        tokens up to the next zxid's scaled value, less one. For :class:`~celery_fencing.signing.PlausibilityBound`.
 
         :raises TokenUnavailableError: not connected, or no answer within *timeout*.
         """
@@ -186,7 +205,7 @@ class ZooKeeperTokenSource:
         client = session.usable_client(resource)
         request(session, client, lambda: client.sync_async(self.root), deadline, resource, "sync")
         request(session, client, lambda: client.exists_async(self.root), deadline, resource, "exists")
-        return int(client.last_zxid)
+        return scaled(int(client.last_zxid) + 1) - 1
 
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint a token for *resource*: the zxid of one write to its znode.
@@ -247,10 +266,36 @@ class ZooKeeperTokenSource:
         Errors and guarantees as :meth:`mint`.
         """
         name = validate_resource(resource)
-        return self._mint([name], [self._layout.transient], timeout)[0]
+        return self._mint([name], [self._layout.transient], timeout, reserve=True)[0]
 
-    def _mint(self, names: list[str], paths: list[str], timeout: float | None) -> list[FencingToken]:
-        """One token per name: the zxid of one write to the znode at the same position of *paths*."""
+    def mint_in_block(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """The next token of this process's block: no ZooKeeper write until the block is used up.
+
+        A block is the room below the next zxid that one :meth:`mint_transient`
+        write reserves: ``block`` tokens, handed out in order by this process
+        (never after ``fork()``, never in another ZooKeeper session). A token
+        of a block is above every token this process handed out before, but
+        may be below one another process handed out earlier: a caller refused
+        with it must mint fresh (:meth:`mint_transient`) before it concludes
+        that a newer execution exists (see :mod:`celery_fencing.blocks`).
+        With ``block=1`` every call is a :meth:`mint_transient`.
+
+        Errors as :meth:`mint`, when the block is used up and a write is due.
+        """
+        name = validate_resource(resource)
+        if self.block_size > 1:
+            taken = self._block.take(session_of(self._session.usable_client(name)))
+            if taken is not None:
+                return FencingToken(name, taken[0], taken[1])
+        return self.mint_transient(name, timeout=timeout)
+
+    def _mint(
+        self, names: list[str], paths: list[str], timeout: float | None, *, reserve: bool = False
+    ) -> list[FencingToken]:
+        """One token per name: the zxid of one write to the znode at the same position of *paths*.
+
+        With *reserve* (one name), the rest of the write's block becomes this process's block.
+        """
         deadline = self._session.deadline(timeout)
         if not names:
             return []
@@ -260,7 +305,11 @@ class ZooKeeperTokenSource:
             stats = self._writer.write(client, names, paths, deadline)
             # A reply came on the session the id was read in: the zxids are that data's.
             if session_of(client) == session:
-                return [token_from(name, stat, grantor) for name, stat in zip(names, stats, strict=True)]
+                tokens = [token_from(name, stat, grantor) for name, stat in zip(names, stats, strict=True)]
+                if reserve and self.block_size > 1:
+                    first = tokens[0].value
+                    self._block.install(first + 1, first + self.block_size - 1, grantor, session)
+                return tokens
         raise TokenUnavailableError(
             "the ZooKeeper session kept changing while minting; no token was handed out", resource=names[0]
         )
