@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import resource
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,6 +113,70 @@ class Table:
         ]
 
 
+def percentile(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of *values* (*fraction* 0.99 for p99): a measured value, never interpolated."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+@dataclass
+class LatencyTable:
+    """Printed latency results: per subject, the median over the rounds of each round's p50 and p99.
+
+    The ratios are of those medians (p99 first, the one a target is set on;
+    p50 beside it); a latency ratio meets its target at or below it.
+    """
+
+    title: str
+    #: Printed under the title: what is measured, from which clock to which.
+    legend: list[str]
+    #: Subject -> one (p50, p99) per round, in milliseconds.
+    samples: dict[str, list[tuple[float, float]]]
+    #: (label, numerator subject, denominator subject, target on the p99 ratio or None).
+    ratios: list[tuple[str, str, str, float | None]] = field(default_factory=list)
+    #: Subject -> a remark printed at the end of its line (e.g. that it ran over its capacity).
+    remarks: dict[str, str] = field(default_factory=dict)
+    #: Prefixed to the labels :meth:`missed` returns, to say which table missed.
+    name: str = "latency"
+
+    def p50(self, subject: str) -> float:
+        return statistics.median(p50 for p50, _ in self.samples[subject])
+
+    def p99(self, subject: str) -> float:
+        return statistics.median(p99 for _, p99 in self.samples[subject])
+
+    def render(self) -> str:
+        width = max([48, *(len(name) for name in self.samples)])
+        lines = [f"== {self.title}"]
+        for paragraph in self.legend:
+            lines += textwrap.wrap(paragraph, 116, initial_indent="   ", subsequent_indent="   ")
+        lines.append(
+            f"{'subject':{width}} {'median p50 ms':>14} {'median p99 ms':>14} {'p99 min':>9} {'p99 max':>9} rounds"
+        )
+        for name, values in self.samples.items():
+            p99s = [p99 for _, p99 in values]
+            remark = f"  {self.remarks[name]}" if name in self.remarks else ""
+            lines.append(
+                f"{name:{width}} {self.p50(name):14.2f} {self.p99(name):14.2f} {min(p99s):9.2f} {max(p99s):9.2f} "
+                f"{len(values):6d}{remark}"
+            )
+        for label, numerator, denominator, target in self.ratios:
+            p99 = self.p99(numerator) / self.p99(denominator)
+            p50 = self.p50(numerator) / self.p50(denominator)
+            verdict = f"  target <= {target:.2f}x: {'met' if p99 <= target else 'MISSED'}" if target is not None else ""
+            lines.append(f"ratio {label + ', p99':42} {p99:16.3f}  p50 {p50:.3f}{verdict}")
+        return "\n".join(lines)
+
+    def missed(self) -> list[str]:
+        return [
+            f"{self.name}: {label}, p99"
+            for label, numerator, denominator, target in self.ratios
+            if target is not None and self.p99(numerator) / self.p99(denominator) > target
+        ]
+
+
 def peak_rss_mib(pid: int | None = None) -> float:
     """Peak resident set size in MiB: of *pid* (VmHWM from /proc), or of this process."""
     if pid is None:
@@ -140,6 +206,16 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time *pid* has used so far, in seconds ((0, 0) when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def pid_of(command_name: str) -> int | None:
