@@ -14,12 +14,21 @@ Each claim, seal and result write is one transaction of the mark upsert, the
 rules of :mod:`celery_fencing.celery.db_fence` and, for a write, the result
 row: a refused write changes nothing and is dropped and reported, never raised.
 
-``forget()`` deletes the fence row with the result; ``cleanup()`` (Celery's
-``backend_cleanup`` task) deletes the fence rows of the results it expires.
+Fence rows expire (:func:`~celery_fencing.celery.db_fence.fence_retention`):
+each accepted claim, seal and write sets the row's ``expires_at`` to the
+database's clock plus the retention. ``cleanup()`` (Celery's
+``celery.backend_cleanup`` task, which beat runs daily when
+``result_expires`` is set) deletes the expired rows with the expired
+results; ``forget()`` deletes the row with the result. A table made before
+the column existed gets it on first use (``ALTER TABLE ... ADD COLUMN
+expires_at BIGINT NULL``); a database user who may not alter it keeps the
+old behaviour (its rows expire only with their results), with a warning
+naming that statement, and ``celery-fencing doctor`` reports it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -27,9 +36,9 @@ from typing import Any, NoReturn
 
 from celery.backends.database import DatabaseBackend, session_cleanup
 from celery.utils.time import maybe_timedelta
-from sqlalchemy import MetaData, Table, delete, select, update
+from sqlalchemy import BigInteger, Column, MetaData, Table, bindparam, delete, inspect, literal_column, select, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
@@ -37,9 +46,64 @@ from ..gates.sql.errors import unavailable
 from ..gates.sql.marks import MarkTable
 from ..gates.sql.schema import DEFAULT_RESULT_FENCE_TABLE, create_tables, result_fence_table
 from ..token import FencingToken
-from .db_fence import FencedResultRows, FenceRow, FenceRows
+from .db_fence import EXPIRES_COLUMN, FencedResultRows, FenceRow, FenceRows, FenceTableState, database_now
 
-__all__ = ["FencedDatabaseBackend"]
+__all__ = ["FencedDatabaseBackend", "expiry_column_ddl", "fence_table", "has_expiry_column"]
+
+logger = logging.getLogger("celery_fencing")
+
+
+def fence_table(metadata: MetaData, name: str = DEFAULT_RESULT_FENCE_TABLE, *, schema: str | None = None) -> Table:
+    """Define the backend's fence table in *metadata*: :func:`result_fence_table`'s columns and ``expires_at``.
+
+    ``expires_at`` (BIGINT NULL) is epoch seconds on the database's clock
+    after which ``cleanup()`` deletes the row; NULL keeps it for good.
+    """
+    table = result_fence_table(metadata, name, schema=schema)
+    if EXPIRES_COLUMN not in table.c:
+        table.append_column(Column(EXPIRES_COLUMN, BigInteger, nullable=True))
+    return table
+
+
+def expiry_column_ddl(engine: Engine, table: Table) -> str:
+    """The ``ALTER TABLE`` that adds ``expires_at`` to a fence table made before it."""
+    name = engine.dialect.identifier_preparer.format_table(table)
+    return f"ALTER TABLE {name} ADD COLUMN {EXPIRES_COLUMN} BIGINT NULL"
+
+
+def has_expiry_column(conn: Connection, table: Table) -> bool:
+    """Whether the fence table, as it is in the database, has the ``expires_at`` column."""
+    columns = inspect(conn).get_columns(table.name, schema=table.schema)
+    return any(column["name"] == EXPIRES_COLUMN for column in columns)
+
+
+class _FenceStatements:
+    """The fence table's statements on one engine's dialect, built once, and whether the table has its expiry.
+
+    ``read`` is ``UPDATE ... SET expires_at ... RETURNING`` where the dialect
+    has it (PostgreSQL, SQLite 3.35+): one statement, as the ``SELECT ... FOR
+    UPDATE`` it replaces; elsewhere (MySQL, MariaDB) that ``SELECT`` and then
+    ``refresh``.
+    """
+
+    def __init__(self, table: Table, engine: Engine, *, expiring: bool) -> None:
+        t = table
+        self.marks = MarkTable(t, engine.dialect)
+        self.expiring = expiring
+        key = bindparam("task_id", type_=t.c.resource.type)
+        columns = (t.c.token, t.c.grantor, t.c.owner, t.c.done)
+        self.select = select(*columns).where(t.c.resource == key).with_for_update()
+        self.refresh: Any = None
+        self.read: Any = None
+        self.expired: Any = None
+        if expiring:
+            now = literal_column(database_now(engine.dialect.name), BigInteger)
+            # NULL retention (for good) makes the sum NULL.
+            expiry = now + bindparam("retention", type_=BigInteger)
+            self.refresh = update(t).where(t.c.resource == key).values({EXPIRES_COLUMN: expiry})
+            if engine.dialect.update_returning:
+                self.read = self.refresh.returning(*columns)
+            self.expired = delete(t).where(t.c[EXPIRES_COLUMN] <= now)
 
 
 class _SessionFence:
@@ -56,12 +120,17 @@ class _SessionFence:
         conn.execute(marks.upsert, params)
 
     def read(self, task_id: str) -> FenceRow | None:
-        self.backend.marks(self.session)  # a tokenless write may come first: the table must exist
-        t = self.backend.fence_table
-        found = self.session.connection().execute(
-            select(t.c.token, t.c.grantor, t.c.owner, t.c.done).where(t.c.resource == task_id).with_for_update()
-        )
+        # A tokenless write may come first: the table must exist.
+        statements = self.backend.fence_statements(self.session)
+        conn = self.session.connection()
+        key = {"task_id": task_id}
+        if statements.read is not None:
+            found = conn.execute(statements.read, {**key, "retention": self.backend.fence_retention()})
+        else:
+            found = conn.execute(statements.select, key)
         row = found.one_or_none()
+        if row is not None and statements.read is None and statements.refresh is not None:
+            conn.execute(statements.refresh, {**key, "retention": self.backend.fence_retention()})
         return None if row is None else FenceRow(int(row[0]), row[1], row[2], row[3])
 
     def adopt(self, task_id: str, owner: str, done: str | None) -> None:
@@ -86,17 +155,76 @@ class FencedDatabaseBackend(FencedResultRows, DatabaseBackend):  # type: ignore[
         conf = self.app.conf
         name = (conf.database_table_names or {}).get("fence") or DEFAULT_RESULT_FENCE_TABLE
         schema = (conf.database_table_schemas or {}).get("fence")
-        self.fence_table: Table = result_fence_table(MetaData(), name, schema=schema)
-        self._marks: MarkTable | None = None
+        self.fence_table: Table = fence_table(MetaData(), name, schema=schema)
+        self._statements: _FenceStatements | None = None
 
-    def marks(self, session: Session) -> MarkTable:
-        """The fence table's mark upsert for the session's database; the table is created on first use."""
-        if self._marks is None:
+    def fence_statements(self, session: Session) -> _FenceStatements:
+        """The fence table's statements for the session's database; the table (and its expiry) made on first use."""
+        if self._statements is None:
             engine = session.get_bind()
             assert isinstance(engine, Engine)  # the backend's sessions are bound to its engine
             create_tables(engine, ((self.fence_table, "the result fence table"),), unavailable)
-            self._marks = MarkTable(self.fence_table, engine.dialect)
-        return self._marks
+            expiring = self._add_expiry_column(engine)
+            self._statements = _FenceStatements(self.fence_table, engine, expiring=expiring)
+        return self._statements
+
+    def marks(self, session: Session) -> MarkTable:
+        """The fence table's mark upsert for the session's database; the table is created on first use."""
+        return self.fence_statements(session).marks
+
+    def _add_expiry_column(self, engine: Engine) -> bool:
+        """Give a fence table made before ``expires_at`` the column; whether it has it now.
+
+        Idempotent, also when several workers try at once. A database user
+        who may not alter the table keeps the rows without expiry (they go
+        with their results in ``cleanup()``, as before), warned once.
+        """
+        table = self.fence_table
+        try:
+            with engine.begin() as conn:
+                if has_expiry_column(conn, table):
+                    return True
+                conn.exec_driver_sql(expiry_column_ddl(engine, table))
+            logger.warning("added the %s column to the result fence table %s", EXPIRES_COLUMN, table.name)
+            return True
+        except sa_exc.SQLAlchemyError as exc:
+            try:
+                with engine.connect() as conn:
+                    if has_expiry_column(conn, table):
+                        return True  # another worker added it meanwhile
+            except sa_exc.SQLAlchemyError:
+                pass
+            logger.warning(
+                "the result fence table %s has no %s column and adding it failed (%s): its rows of tasks that "
+                "never stored a result are kept until forget(). Add it as its owner with: %s",
+                table.name,
+                EXPIRES_COLUMN,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                expiry_column_ddl(engine, table),
+            )
+            return False
+
+    def inspect_fence_table(self) -> FenceTableState:
+        """The fence table as it is (exists, has ``expires_at``), read without creating or altering anything.
+
+        :raises GateUnavailableError: the database cannot be reached.
+        """
+        table = self.fence_table
+        # Not ResultSession(): it creates Celery's own tables.
+        engine = self.session_manager.get_engine(self.url, **self.engine_options)
+        where = f"{table.name} at {engine.url.render_as_string(hide_password=True)}"
+        try:
+            with engine.connect() as conn:
+                if not inspect(conn).has_table(table.name, schema=table.schema):
+                    return FenceTableState(where, exists=False, expiring=False)
+                if has_expiry_column(conn, table):
+                    return FenceTableState(where, exists=True, expiring=True)
+        except sa_exc.SQLAlchemyError as exc:
+            unavailable(exc, "looking at the result fence table")
+        finally:
+            if not self.session_manager.forked:
+                engine.dispose()  # a NullPool engine of its own
+        return FenceTableState(where, exists=True, expiring=False, fix=expiry_column_ddl(engine, table))
 
     @contextmanager
     def fence_transaction(self) -> Iterator[FenceRows]:
@@ -145,12 +273,28 @@ class FencedDatabaseBackend(FencedResultRows, DatabaseBackend):  # type: ignore[
             session.connection().execute(delete(self.fence_table).where(self.fence_table.c.resource == task_id))
 
     def _cleanup(self) -> None:
-        """Delete the fence rows of expired results, then (Celery) the results."""
-        expires = maybe_timedelta(self.expires)
-        expired = select(self.task_cls.task_id).where(self.task_cls.date_done < datetime.now(timezone.utc) - expires)
+        """Delete the expired fence rows (and, of rows without an expiry, those of expired results), then the results.
+
+        A fence row's expiry is set and compared on the database's clock; the
+        results' (Celery's ``date_done``) on the workers'. Without
+        ``result_expires`` no result expires, and only rows with an expiry go.
+        """
         with self.fence_transaction() as rows:
             assert isinstance(rows, _SessionFence)
             session = rows.session
-            self.marks(session)
-            session.connection().execute(delete(self.fence_table).where(self.fence_table.c.resource.in_(expired)))
-        super()._cleanup()
+            statements = self.fence_statements(session)
+            conn = session.connection()
+            t = self.fence_table
+            if statements.expired is not None:
+                conn.execute(statements.expired)
+            if self.expires:
+                # Rows without an expiry (written before the column, or kept for good while
+                # result_expires was unset) go with their results, as before the column.
+                cutoff = datetime.now(timezone.utc) - maybe_timedelta(self.expires)
+                expired = select(self.task_cls.task_id).where(self.task_cls.date_done < cutoff)
+                of_expired = delete(t).where(t.c.resource.in_(expired))
+                if statements.expiring:
+                    of_expired = of_expired.where(t.c[EXPIRES_COLUMN].is_(None))
+                conn.execute(of_expired)
+        if self.expires:
+            super()._cleanup()

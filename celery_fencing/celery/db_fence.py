@@ -12,6 +12,9 @@ row per task id::
     grantor   that token's grantor id
     owner     the resource of the tokens that fence this result
     done      the id of the execution that sealed the task (exactly once)
+    expires_at  epoch seconds on the database's clock after which cleanup
+              may delete the row (NULL: for good); added by migration 0005
+              (Django) or on first use (SQLAlchemy)
 
 Every operation is one transaction on the result's database, in this order:
 
@@ -27,6 +30,19 @@ Every operation is one transaction on the result's database, in this order:
    write is dropped and reported). Accepted: the owner (and the seal) are
    set, the result row is written, and all of it commits at once.
 
+Retention (:func:`fence_retention`): every accepted claim, seal and write
+sets the row's ``expires_at`` to the database's ``now`` plus the retention,
+in the statement that reads the row (``UPDATE ... RETURNING`` where the
+database has it), so a refused one, rolled back, leaves it as it was. The
+retention is the Redis backend's fence TTL, ``result_expires``, but never
+shorter than the exactly-once retention (``fencing_once_retention``, itself
+never shorter than the broker's re-delivery horizon): a copy of the task
+that can still be delivered finds the row. Without ``result_expires``
+(results kept for good) the row is kept for good, as on Redis. An expired
+row still fences until ``cleanup()`` (Celery's ``celery.backend_cleanup``
+task) deletes it; after that a late write of the task id is a first write,
+as on Redis once the fence hash's TTL ran out.
+
 No floor: the SQL gate's stores have none yet, so a database restored from a
 backup older than its results takes the tokens the restored marks are below.
 """
@@ -35,15 +51,31 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
 from celery import states
 
 from ..context import Execution
+from ..gates import applied_sql
 from ..token import FencingToken
 from .result_refusals import execution_of, refusal_error, report_refused_write, token_of
+from .settings import read_settings
 
-__all__ = ["FenceRow", "FenceRows", "FencedResultRows", "judge_token", "judge_tokenless"]
+__all__ = [
+    "EXPIRES_COLUMN",
+    "FenceRow",
+    "FenceRows",
+    "FenceTableState",
+    "FencedResultRows",
+    "database_now",
+    "fence_retention",
+    "judge_token",
+    "judge_tokenless",
+]
+
+#: The fence row's expiry column: epoch seconds on the database's clock, NULL for good.
+EXPIRES_COLUMN = "expires_at"
 
 #: A refusal: (kind, detail), as :mod:`celery_fencing.celery.result_refusals` reads it.
 Refusal = tuple[str, str]
@@ -57,6 +89,43 @@ class FenceRow:
     grantor: str | None
     owner: str | None
     done: str | None
+
+
+def fence_retention(conf: Any, expires: Any) -> int | None:
+    """Whole seconds a fence row is kept after its last accepted claim, seal or write; ``None``: for good.
+
+    *expires* is the backend's ``result_expires`` (seconds or a timedelta):
+    unset or 0 keeps the rows for good, as the Redis backend keeps its fence
+    hashes without a TTL then. Otherwise ``result_expires``, never shorter
+    than the once-retention of *conf* (``fencing_once_retention``, by default
+    ``result_expires`` and never shorter than the broker's re-delivery
+    horizon), so no copy of the task that the broker may still deliver finds
+    the row gone.
+
+    :raises FencingConfigurationError: a ``fencing_*`` setting of *conf* is invalid.
+    """
+    seconds = expires.total_seconds() if isinstance(expires, timedelta) else float(expires or 0)
+    if seconds <= 0:
+        return None
+    return applied_sql.retention_seconds(max(seconds, read_settings(conf).once_retention))
+
+
+def database_now(vendor: str) -> str:
+    """The database's clock in whole epoch seconds, as SQL: the clock the applied records expire on too."""
+    return applied_sql._NOW["mysql" if vendor in ("mysql", "mariadb") else vendor]
+
+
+@dataclass(frozen=True)
+class FenceTableState:
+    """A database backend's fence table as it is, looked at without changing it (for ``celery-fencing doctor``)."""
+
+    #: The table and its database, password-free.
+    where: str
+    exists: bool
+    #: The table has the ``expires_at`` column, so its rows expire.
+    expiring: bool
+    #: How to add what is missing ('' when nothing is).
+    fix: str = ""
 
 
 def judge_token(row: FenceRow, token: FencingToken, execution_id: str | None, *, ordered: bool) -> Refusal | None:
@@ -97,7 +166,12 @@ class FenceRows(Protocol):
         ...
 
     def read(self, task_id: str) -> FenceRow | None:
-        """The fence row (locked, ``FOR UPDATE`` where the database has it), or ``None``."""
+        """The fence row (locked, ``FOR UPDATE`` where the database has it), or ``None``.
+
+        The row's expiry is set to the backend's retention from the database's
+        ``now`` in the same breath: the transaction commits only if the
+        operation is accepted, so only an accepted one extends it.
+        """
         ...
 
     def adopt(self, task_id: str, owner: str, done: str | None) -> None:
@@ -128,6 +202,18 @@ class FencedResultRows:
 
     #: The driver's errors that make a claim or seal raise :class:`~celery_fencing.GateUnavailableError`.
     database_errors: tuple[type[Exception], ...] = ()
+    # fence_retention() of the backend's app, read once (after the worker's flags are on its conf).
+    _retention: tuple[int | None] | None = None
+
+    def fence_retention(self) -> int | None:
+        """Seconds a fence row is kept after its last accepted claim, seal or write (``None``: for good).
+
+        :raises FencingConfigurationError: a ``fencing_*`` setting is invalid.
+        """
+        if self._retention is None:
+            backend: Any = self
+            self._retention = (fence_retention(backend.app.conf, backend.expires),)
+        return self._retention[0]
 
     def fence_unavailable(self, exc: Exception) -> NoReturn:
         raise NotImplementedError

@@ -14,7 +14,8 @@ NULL until a token with a grantor passes the mark.
 
 :class:`ResultFence` (migration 0004) is the fence table of the fenced
 django-celery-results backend (``fenced+django-db``), one row per task id,
-with the layout of the SQLAlchemy backend's (see :mod:`celery_fencing.celery.db_fence`).
+with the layout of the SQLAlchemy backend's (see :mod:`celery_fencing.celery.db_fence`);
+its ``expires_at`` (migration 0005) is when ``cleanup()`` may delete the row.
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ class AppliedRecord(models.Model):  # type: ignore[misc]
 class ResultFence(models.Model):  # type: ignore[misc]
     """The fence of one task's result: its mark (``token``, ``grantor``), ``owner`` resource and sealing execution.
 
-    Written only by :class:`~celery_fencing.celery.backend_django.FencedDjangoBackend`,
-    in the transaction of the task's ``TaskResult`` row.
+    ``expires_at`` (epoch seconds on the database's clock, NULL for good) is
+    when the backend's ``cleanup()`` may delete the row. Written only by
+    :class:`~celery_fencing.celery.backend_django.FencedDjangoBackend`, in
+    the transaction of the task's ``TaskResult`` row.
     """
 
     resource = models.CharField(max_length=MAX_TASK_ID_LENGTH, primary_key=True)
@@ -99,6 +102,7 @@ class ResultFence(models.Model):  # type: ignore[misc]
     grantor = models.CharField(max_length=MAX_GRANTOR_LENGTH, null=True)
     owner = models.CharField(max_length=MAX_RESOURCE_LENGTH, null=True)
     done = models.CharField(max_length=EXECUTION_ID_LENGTH, null=True)
+    expires_at = models.BigIntegerField(null=True)
 
     class Meta:
         db_table = "celery_taskfence"
