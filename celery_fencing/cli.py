@@ -359,13 +359,23 @@ def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
         raise FencingConfigurationError("arm needs at least one --gate URL (a Redis store)")
     if (args.source is None) == (args.floor is None):
         raise FencingConfigurationError("arm needs exactly one of --source (mint the floor) and --floor N")
+    for url in args.gate:
+        if _is_database_result_backend(url):
+            # Checked before any store is opened, so nothing is armed when one --gate cannot be.
+            raise FencingConfigurationError(
+                f"{redact_url(url)!r} is a database result backend, which has no floor to raise: only Redis stores "
+                f"have floors ({_NO_SQL_FLOOR})"
+            )
     opened: list[OpenedGate] = []
     try:
         for url in args.gate:
             gate = gate_from_url(url, redis_prefix=args.redis_prefix)
             opened.append(gate)
             if not callable(getattr(gate.gate, "arm", None)):
-                raise FencingConfigurationError(f"{redact_url(url)!r} is no Redis store: only Redis stores have floors")
+                reason = f" ({_NO_SQL_FLOOR})" if gate.kind == "sql" else ""
+                raise FencingConfigurationError(
+                    f"{redact_url(url)!r} is no Redis store: only Redis stores have floors{reason}"
+                )
         floor = args.floor
         if floor is None:
             from .gates.redis_floor import mint_floor
@@ -383,6 +393,19 @@ def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
         for gate in opened:
             gate.close()
     return EXIT_OK
+
+
+#: Why arm refuses a SQL store: a floor makes a Redis that lost its marks refuse older tokens.
+_NO_SQL_FLOOR = (
+    "a database keeps its marks and fence rows in the transactions of the data they guard, so a restart "
+    "loses neither; the SQL gate and the database result backends keep no floor"
+)
+
+
+def _is_database_result_backend(url: str) -> bool:
+    """``fenced+db+<SQLAlchemy URL>`` or ``fenced+django-db[://]``: a fenced database result backend's URL."""
+    scheme = url.split("://", 1)[0].lower() if isinstance(url, str) else ""
+    return scheme.startswith("fenced+db+") or scheme == "fenced+django-db"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

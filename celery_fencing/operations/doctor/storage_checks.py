@@ -3,6 +3,12 @@
 A gate is read (its mark on the doctor's resource), never written. A Redis
 store without persistence (``CONFIG GET appendonly``/``save``) forgets the
 marks on restart, and a stale token is accepted again.
+
+A database result backend (``fenced+db+``, ``fenced+django-db``) is looked
+at without creating or altering anything: its fence table answers, exists
+(``fenced+db+`` creates it on first use; Django's comes from its migrations)
+and has its expiry column (migration 0005 on Django), and how long its rows
+are kept.
 """
 
 from __future__ import annotations
@@ -122,26 +128,112 @@ class StorageChecks(Report):
         if scheme.startswith("fenced+"):
             self.add("results", "ok", "fenced result backend: a stale execution's result is dropped, never stored")
             try:
-                client = self.app.backend.client
+                backend = self._result_backend(scheme)
+                fence_table = getattr(backend, "inspect_fence_table", None)
+                client = None if fence_table is not None else backend.client
             except Exception as exc:
                 self.add("results", "error", f"the fenced result backend cannot be built: {exc}", "check its URL")
                 return
-            self.check_redis_persistence("result backend", client)
-        elif scheme in ("redis", "rediss") and with_results:
+            if fence_table is not None:
+                self.check_result_fences(backend)
+            else:
+                self.check_redis_persistence("result backend", client)
+        elif (scheme in ("redis", "rediss") or _is_database_scheme(scheme)) and with_results:
+            plain = "plain django-db" if scheme == "django-db" else f"plain {scheme}://"
+            same = "django-celery-results'" if scheme == "django-db" else "the plain"
             self.add(
                 "results",
                 "warning",
-                f"result_backend is plain {scheme}://: the result of a stale execution can overwrite the newer "
+                f"result_backend is {plain}: the result of a stale execution can overwrite the newer "
                 f"execution's result (tasks: {join_names(with_results)})",
-                f"result_backend = 'fenced+{redact_url(str(backend_url))}' (same options as the Redis backend)",
+                f"result_backend = 'fenced+{redact_url(str(backend_url))}' (same options as {same} backend)",
             )
         elif scheme and scheme != "disabled" and with_results:
             self.add(
                 "results",
                 "note",
                 f"result backend {scheme}:// is not fenced: a stale execution's result can overwrite a newer one",
-                "only Redis has a fenced backend (fenced+redis://); or set ignore_result=True on fenced tasks",
+                "use a fenced backend (fenced+redis://, fenced+db+<SQLAlchemy URL>, fenced+django-db); "
+                "or set ignore_result=True on fenced tasks",
             )
+
+    def _result_backend(self, scheme: str) -> Any:
+        """The result backend, built with Celery's ``database_create_tables_at_setup`` off: doctor writes nothing."""
+        conf = self.app.conf
+        if not scheme.startswith("fenced+db+"):
+            return self.app.backend
+        saved = conf.get("database_create_tables_at_setup")
+        conf.database_create_tables_at_setup = False
+        try:
+            return self.app.backend
+        finally:
+            conf.database_create_tables_at_setup = saved
+
+    def check_result_fences(self, backend: Any) -> None:
+        """A database result backend's fence table (answers, exists, expires) and its rows' retention."""
+        try:
+            state = backend.inspect_fence_table()
+        except FencingError as exc:
+            self.add(
+                "results",
+                "error",
+                f"the result fence table cannot be read: {_first_line(exc)}",
+                "check that the database runs and the result backend's URL and credentials are right",
+            )
+            return
+        if not state.exists and state.fix:
+            self.add(
+                "results",
+                "error",
+                f"the result fence table {state.where} does not exist: every fenced task's claim fails",
+                state.fix,
+            )
+        elif not state.exists:
+            self.add("results", "ok", f"the result fence table {state.where} is made on the first claim or write")
+        elif not state.expiring:
+            self.add(
+                "results",
+                "warning",
+                f"the result fence table {state.where} has no expires_at column: the fence rows of tasks that "
+                "never stored a result are kept until forget()",
+                state.fix
+                if state.fix.startswith("manage.py")
+                else f"run as the table's owner: {state.fix} (workers add it by themselves when they may)",
+            )
+        else:
+            self.add("results", "ok", f"the result fence table {state.where} answers, with its expiry column")
+        self.check_fence_retention(backend)
+
+    def check_fence_retention(self, backend: Any) -> None:
+        try:
+            retention = backend.fence_retention()
+        except FencingError:
+            return  # a bad fencing_* setting: the settings check reports it
+        if retention is None:
+            self.add(
+                "results",
+                "note",
+                "result_expires is unset: results and their fence rows are kept for good",
+                "set result_expires and run celery beat: its celery.backend_cleanup task deletes the expired "
+                "results and fence rows",
+            )
+            return
+        self.add(
+            "results",
+            "ok",
+            f"fence rows expire {retention:g}s after their last write (result_expires, at least the once-retention); "
+            "celery.backend_cleanup, which celery beat runs daily, deletes them",
+        )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_database_scheme(scheme: str) -> bool:
+    """Celery's SQLAlchemy backend (``db+<URL>``) or django-celery-results' (``django-db``), unfenced."""
+    return scheme == "django-db" or scheme.startswith("db+")
 
 
 def _config(client: Any, name: str) -> str:
