@@ -6,7 +6,8 @@ having the methods, not by inheriting. The Celery layer depends only on these.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import typing
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .token import FencingToken
 
@@ -21,6 +22,7 @@ __all__ = [
     "Gate",
     "TokenSource",
     "TokenVerifier",
+    "conforms",
 ]
 
 
@@ -171,3 +173,38 @@ class AppliedRecords(Protocol):
     def applied(self, resource: str, task_id: str) -> str | None:
         """The id of the execution of *task_id* that applied on *resource*, or ``None`` (never, or expired)."""
         ...
+
+
+_conforming: dict[tuple[type, type], bool] = {}
+
+
+def conforms(obj: object, protocol: Any) -> bool:
+    """``isinstance(obj, protocol)`` for a runtime-checkable *protocol*, remembered per type where that is sound.
+
+    Python rebuilds a protocol's member set on every ``isinstance``, and a
+    fenced task asks a few times per execution. The answer is remembered for
+    a type when no instance can differ: yes when the type itself has every
+    member, no when it lacks one and has no ``__getattr__`` to forward it (a
+    wrapper such as ``MeteredGate`` conforms as what it wraps does, so it is
+    asked each time).
+    """
+    kind = type(obj)
+    key = (kind, protocol)
+    known = _conforming.get(key)
+    if known is not None:
+        return known
+    members = _members(protocol)
+    if all(hasattr(kind, name) for name in members):
+        answer = _conforming[key] = True
+        return answer
+    answer = isinstance(obj, protocol)
+    if not answer and not hasattr(kind, "__getattr__"):
+        _conforming[key] = False
+    return answer
+
+
+def _members(protocol: Any) -> frozenset[str]:
+    members = getattr(protocol, "__protocol_attrs__", None)  # Python 3.12+
+    if members is None:
+        members = typing._get_protocol_attrs(protocol)  # type: ignore[attr-defined]
+    return frozenset(members)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..protocols import FencedResultStore, FlooredStore, Gate, TokenSource
+from ..protocols import FencedResultStore, FlooredStore, Gate, TokenSource, conforms
 from ..token import FencingToken
 
 __all__ = ["arm_stores", "claim_stores"]
@@ -25,11 +25,11 @@ def arm_stores(gates: Sequence[Gate], backend: Any, resource: str, source: Token
     :raises GateUnavailableError: a store could not be reached.
     :raises TokenUnavailableError: the source could not mint a floor.
     """
-    stores: list[Any] = [gate for gate in gates if isinstance(gate, FlooredStore)]
-    if backend is not None and isinstance(backend, FlooredStore):
-        stores.append(backend)
-    for store in stores:
-        store.ensure_armed(resource, source)
+    for gate in gates:
+        if conforms(gate, FlooredStore):
+            gate.ensure_armed(resource, source)  # type: ignore[attr-defined]
+    if backend is not None and conforms(backend, FlooredStore):
+        backend.ensure_armed(resource, source)
 
 
 def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_id: str, *, batch: bool) -> None:
@@ -57,7 +57,7 @@ def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_
         prepare_result = _own_method(backend, "claim_result_call") if batch else None
         if prepare_result is not None:
             batched.append(prepare_result(task_id, token))
-        elif isinstance(backend, FencedResultStore):
+        elif conforms(backend, FencedResultStore):
             backend.claim_result(task_id, token)
     if batched:
         from ..gates.redis_batch import run_script_calls

@@ -67,7 +67,7 @@ from ..policies import (
     decide,
     policy_from_setting,
 )
-from ..protocols import BlockSource, FencedResultStore, Gate
+from ..protocols import FencedResultStore, Gate, conforms
 from ..token import FencingToken, validate_resource
 from . import signals
 from .claims import _own_method, arm_stores, claim_stores
@@ -201,21 +201,23 @@ class FencedTask(Task):  # type: ignore[misc]
         request.fencing_resource_is_task_id = resource_is_task_id
         runtime = runtime_for(self.app)
         source = runtime.source()
+        gates = runtime.gates(self)
         mode = self.fencing_mode or settings.mode
         started = time.monotonic()
-        self._arm_stores(runtime, source, resource, resource_is_task_id, settings)
+        self._arm_stores(gates, source, resource, resource_is_task_id, settings)
         remint = mode != "exclusive"  # once: a token below a store's floor (the store was just armed)
         # A token of a block may be below one another process handed out earlier: a refusal
         # of it says only that the block is old. Draw from the block first; mint fresh (a
         # coordinator write, above every token handed out before) before concluding anything.
-        in_block = remint and isinstance(source, BlockSource) and source.block_size > 1
+        # A retry follows a refusal (or an outage) more often than not: it mints fresh at once.
+        in_block = remint and not request.retries and runtime.draws_from_blocks(source)
         while True:
             execution = self._mint_execution(
                 runtime, source, resource, resource_is_task_id, settings, mode, started, in_block=in_block
             )
             try:
                 with token_context(execution):  # the gates read the execution's retention from it
-                    self._claim(runtime, execution.token, request, batch=resource_is_task_id)
+                    self._claim(gates, execution.token, request, batch=resource_is_task_id)
             except BelowFloorError as exc:
                 # The store had lost its marks (or was new) and was armed with a floor minted
                 # after this token: not a newer execution. Mint a fresh token (above the floor).
@@ -250,7 +252,7 @@ class FencedTask(Task):  # type: ignore[misc]
             return execution
 
     def _arm_stores(
-        self, runtime: FencingRuntime, source: Any, resource: str, resource_is_task_id: bool, settings: FencingSettings
+        self, gates: Sequence[Gate], source: Any, resource: str, resource_is_task_id: bool, settings: FencingSettings
     ) -> None:
         """Give the task's stores a floor, before the token is minted, where they have none (once per process).
 
@@ -259,7 +261,7 @@ class FencedTask(Task):  # type: ignore[misc]
         """
         backend = None if self.request.ignore_result else self.backend
         try:
-            arm_stores(runtime.gates(self), backend, resource, source)
+            arm_stores(gates, backend, resource, source)
         except (GateUnavailableError, TokenUnavailableError) as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="claim", unavailable=True)
 
@@ -326,11 +328,9 @@ class FencedTask(Task):  # type: ignore[misc]
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         return execution
 
-    def _claim(self, runtime: FencingRuntime, token: FencingToken, request: Any, batch: bool) -> None:
+    def _claim(self, gates: Sequence[Gate], token: FencingToken, request: Any, batch: bool) -> None:
         """Claim *token* on every gate and on the task's result before the body runs (see :func:`claim_stores`)."""
-        claim_stores(
-            runtime.gates(self), None if request.ignore_result else self.backend, token, request.id, batch=batch
-        )
+        claim_stores(gates, None if request.ignore_result else self.backend, token, request.id, batch=batch)
 
     def _take_lease(
         self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings
@@ -415,7 +415,7 @@ class FencedTask(Task):  # type: ignore[misc]
         :raises Ignore: another execution of the task sealed first; its result stands.
         """
         backend = self.backend
-        if not execution.once or not isinstance(backend, FencedResultStore) or not execution.task_id:
+        if not execution.once or not execution.task_id or not conforms(backend, FencedResultStore):
             return
         request = self.request
         if not (request.callbacks or request.chain or request.chord or request.errbacks or request.ignore_result):

@@ -19,29 +19,31 @@ from tests.fixtures.services import armed
 
 
 class PipelineSpy:
-    """Counts, on one client, the pipelines executed and the commands sent outside them."""
+    """Counts, on one client, the commands written together in one round trip and those sent alone."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.pipelines: list[int] = []
         self.single: list[str] = []
-        pipeline, execute_command = client.pipeline, client.execute_command
+        pool, execute_command = client.connection_pool, client.execute_command
+        get_connection = pool.get_connection
 
-        def spy_pipeline(*args: Any, **kwargs: Any) -> Any:
-            pipe = pipeline(*args, **kwargs)
-            execute = pipe.execute
+        def spy_get_connection(*args: Any, **kwargs: Any) -> Any:
+            connection = get_connection(*args, **kwargs)
+            pack = connection.pack_commands
 
-            def spy_execute(*a: Any, **k: Any) -> Any:
-                self.pipelines.append(len(pipe.command_stack))
-                return execute(*a, **k)
+            def spy_pack(commands: Any) -> Any:
+                commands = list(commands)
+                self.pipelines.append(len(commands))
+                return pack(commands)
 
-            pipe.execute = spy_execute
-            return pipe
+            connection.pack_commands = spy_pack
+            return connection
 
         def spy_execute_command(*args: Any, **kwargs: Any) -> Any:
             self.single.append(str(args[0]))
             return execute_command(*args, **kwargs)
 
-        client.pipeline = spy_pipeline  # type: ignore[method-assign]
+        pool.get_connection = spy_get_connection  # type: ignore[method-assign]
         client.execute_command = spy_execute_command  # type: ignore[method-assign]
 
 

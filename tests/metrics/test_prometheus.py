@@ -92,6 +92,7 @@ def test_exporter_counts_a_run_with_rejections(
     assert _value(samples, ops, task=task, operation="claim", outcome="accepted") == 3
     assert _value(samples, ops, task=task, operation="set", outcome="rejected") == 1
     assert _value(samples, ops, task=task, operation="set", outcome="accepted") == 1
-    assert _value(samples, ops, task=f"{APP}.claim_refused", operation="claim", outcome="rejected") == 1
+    # claim_refused's claim with a token of its block, then the fresh token's (token blocks: sources.md).
+    assert _value(samples, ops, task=f"{APP}.claim_refused", operation="claim", outcome="rejected") == 2
     # Bounded cardinality: no resource label unless asked for.
     assert all("resource" not in dict(labels) for _, labels in samples)
