@@ -29,6 +29,7 @@ execution's, even before the newer one has written anything.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from celery import states
@@ -50,6 +51,7 @@ from ..gates.redis_scripts import (
 from ..protocols import TokenSource
 from ..token import FencingToken, fixed_width
 from .result_refusals import execution_of, refusal_error, report_refused_write, token_of
+from .settings import read_settings
 
 __all__ = ["FencedRedisBackend"]
 
@@ -108,6 +110,21 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
     def _expiry(self, state: str) -> int:
         expires = self.failure_expires if state == states.FAILURE else self.expires
         return int(expires or 0)
+
+    def _fence_expiry(self, state: str) -> int:
+        """Seconds the fence hash lives (0: for good): the result's, never less than the exactly-once retention.
+
+        A result may expire sooner than the broker's re-delivery horizon
+        (``result_expires`` below the visibility timeout); its fence must not,
+        or a late copy would find none and store over the applied result.
+        """
+        expires = self._expiry(state)
+        if not expires:
+            return 0
+        retention = self.__dict__.get("_once_retention")
+        if retention is None:
+            retention = self.__dict__["_once_retention"] = math.ceil(read_settings(self.app.conf).once_retention)
+        return max(expires, int(retention))
 
     def arm(self, floor: int | FencingToken) -> int:
         """Operator: set the store's floor to *floor*, unless it holds a higher one; return the floor in force.
@@ -209,7 +226,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             return exc
 
     def _claim_args(self, token: FencingToken) -> list[Any]:
-        return [fixed_width(token.value), token.resource, self._expiry(""), token.grantor or ""]
+        return [fixed_width(token.value), token.resource, self._fence_expiry(""), token.grantor or ""]
 
     def _check_reply(self, reply: Any, task_id: str, token: FencingToken) -> None:
         """Raise what a claim's or seal's refusal means; return on success."""
@@ -247,6 +264,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             # '-' is never an execution id: a writer without one never matches a seal.
             execution.execution_id if execution is not None else "-",
             "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
+            self._fence_expiry(state),
         ]
         reply = self._call(write, keys, args, execution.floor_source if execution is not None else None)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None

@@ -317,7 +317,9 @@ WRITE_RESULT_SCRIPT = (
 -- ARGV[1] encoded meta, ARGV[2] token as 20 digits or '' for none, ARGV[3] resource or '',
 -- ARGV[4] state, ARGV[5] '1' when the state is final, ARGV[6] expiry in seconds ('0': none),
 -- ARGV[7] grantor id of the token or '', ARGV[8] execution id of the writer ('-' for none),
--- ARGV[9] '1' when this write also seals the task (as SEAL_RESULT_SCRIPT: the first seal wins)
+-- ARGV[9] '1' when this write also seals the task (as SEAL_RESULT_SCRIPT: the first seal wins),
+-- ARGV[10] seconds the fence hash lives when the result expires (never less than the exactly-once
+--   retention: a copy the broker may still deliver must find the fence)
 -- returns 1 written; refusals tokenless, unarmed, floor (a write with a token only),
 --   owner, grantor, corrupt, applied, superseded (another execution sealed the task), stale
 """
@@ -352,7 +354,7 @@ redis.call('HSET', KEYS[2], 'state', ARGV[4], 'final', ARGV[5])
 local ttl = tonumber(ARGV[6])
 if ttl > 0 then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[10]))
 else
   redis.call('SET', KEYS[1], ARGV[1])
 end

@@ -14,6 +14,7 @@ from celery.app.task import Context
 
 from celery_fencing import FencingToken
 from celery_fencing.celery.backend import FencedRedisBackend
+from tests.fixtures.services import armed
 
 
 def request_with(token: FencingToken | None) -> Context:
@@ -43,3 +44,30 @@ def test_get_wakes_up_on_a_fenced_write(app: Celery) -> None:
     app.backend.store_result("tid", "ok", states.SUCCESS, request=request_with(FencingToken("tid", 1)))
     waiter.join(20)
     assert got == ["ok"]
+
+
+def test_a_fence_outlives_a_result_that_expires_before_the_redelivery_horizon(redis_url: str, unique_name: str) -> None:
+    """result_expires of 5 s under a 1-hour visibility timeout: the result goes at 5 s, its fence stays an hour.
+
+    A copy the broker re-delivers within the horizon must still find the fence
+    (and the seal) after the result expired, or it would store over the
+    applied result. The control is the result key's own TTL: Celery's.
+    """
+    app = Celery("fenced-backend-expiry", backend="fenced+" + redis_url, set_as_current=False)
+    app.conf.result_backend_transport_options = {"global_keyprefix": f"{unique_name}:"}
+    app.conf.result_expires = 5
+    app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    backend = app.backend
+    try:
+        armed(backend)
+        token = FencingToken("tid", 7)
+        backend.claim_result("tid", token)
+        assert 3590 <= backend.client.ttl(backend.get_key_for_fence("tid")) <= 3600
+        backend.store_result("tid", "ok", states.SUCCESS, request=request_with(token))
+        assert 0 < backend.client.ttl(backend.get_key_for_task("tid")) <= 5
+        assert 3590 <= backend.client.ttl(backend.get_key_for_fence("tid")) <= 3600
+    finally:
+        keys = list(backend.client.scan_iter(f"{unique_name}:*"))
+        if keys:
+            backend.client.delete(*keys)
+        app.close()
