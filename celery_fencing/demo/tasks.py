@@ -53,6 +53,12 @@ def build_app(settings: DemoSettings) -> Any:
             "polling_interval": 0.05,
         }
     app.conf.update(
+        # Message files written whole before they are visible (kombu's own write races its consumers).
+        broker_transport=(
+            "celery_fencing.demo.transport:AtomicFilesystemTransport"
+            if settings.broker.startswith("filesystem:")
+            else None
+        ),
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=5,
