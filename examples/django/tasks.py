@@ -35,6 +35,9 @@ app = install(Celery("ledger", broker=os.environ.get("EXAMPLE_BROKER", "filesyst
 if app.conf.broker_url.startswith("filesystem://"):
     folder = os.path.join(os.environ.get("EXAMPLE_DIR", "."), "broker")
     os.makedirs(folder, exist_ok=True)
+    # kombu's filesystem transport, but each message file written whole before a worker can take it
+    # (kombu's own write races its consumers: celery_fencing/demo/transport.py).
+    app.conf.broker_transport = "celery_fencing.demo.transport:AtomicFilesystemTransport"
     # control_folder too: kombu's default is ./control, which would litter the working directory.
     app.conf.broker_transport_options = {
         "data_folder_in": folder,
