@@ -48,6 +48,30 @@ class Store:
     def worker_env(self) -> dict[str, str]:
         return {"FT_CONF": json.dumps(self.conf), **self.env}
 
+    @property
+    def worker_app(self) -> str:
+        """The module ``celery -A`` loads for a worker on this store: the Django stores need Django set up first."""
+        if self.kind in DJANGO_ALIASES:
+            return "tests.celery.backends.django_worker"
+        return "tests.celery.app_under_test"
+
+    def stored_result(self, app: Celery, task_id: str) -> tuple[str, Any] | None:
+        """The state and result stored for *task_id*, read from the store itself (the key, the table row), or None."""
+        if self.kind == "redis":
+            raw = app.backend.client.get(app.backend.get_key_for_task(task_id))
+            meta = json.loads(raw) if raw else None
+            return None if meta is None else (meta["status"], meta["result"])
+        if self.kind == "postgresql":
+            url = self.plain_url.removeprefix("db+").replace("postgresql+psycopg://", "postgresql://")
+            table = self.conf["database_table_names"]["task"]
+            with psycopg.connect(url, connect_timeout=5) as conn:
+                row = conn.execute(f'SELECT status, result FROM "{table}" WHERE task_id = %s', (task_id,)).fetchone()
+            return None if row is None else (row[0], json.loads(row[1]))  # encoded by result_serializer (JSON)
+        from django_celery_results.models import TaskResult
+
+        found = TaskResult.objects.using(DJANGO_ALIASES[self.kind]).filter(task_id=task_id).first()
+        return None if found is None else (found.status, json.loads(found.result))
+
     def has_fence(self, app: Celery, task_id: str) -> bool:
         """Whether the fenced backend of *app* holds a fence for *task_id*."""
         backend = app.backend
