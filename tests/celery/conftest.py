@@ -116,7 +116,7 @@ class Scenario:
         self.redis.close()
 
 
-@pytest.fixture(scope="module", params=["solo", "prefork", "threads"])
+@pytest.fixture(scope="module", params=["solo", "prefork", "threads", "gevent"])
 def pooled_worker(
     request: pytest.FixtureRequest, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Scenario]:
