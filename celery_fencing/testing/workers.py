@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -99,7 +100,9 @@ class FencedWorker:
             "celery_fencing.testing.launcher",
             app,
             "-n",
-            f"{name}@%h",
+            # Unique on a shared broker: two workers of one node name share RabbitMQ's exclusive
+            # pidbox queue, and the second one dies at start (RESOURCE_LOCKED).
+            f"{name}-{uuid.uuid4().hex[:8]}@%h",
             "-P",
             pool,
             "-c",

@@ -38,7 +38,9 @@ def workers(names: list[str], log_dir: Path) -> Iterator[list[Path]]:
         for name in names:
             log = log_dir / f"{name}.log"
             logs.append(log)
-            args = [sys.executable, "-m", "celery", "-A", "examples.django.tasks", "worker", "-n", f"{name}@%h",
+            # The node name carries the run's queue: workers of two runs on one RabbitMQ never share a pidbox.
+            node = f"{name}.{os.environ['EXAMPLE_QUEUE']}@%h"
+            args = [sys.executable, "-m", "celery", "-A", "examples.django.tasks", "worker", "-n", node,
                     "-Q", os.environ["EXAMPLE_QUEUE"], "--pool", "prefork", "--concurrency", "2",
                     "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
             with log.open("ab") as out:

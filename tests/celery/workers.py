@@ -45,7 +45,7 @@ class WorkerProcess:
             app_module,
             "worker",
             "-n",
-            f"{name}@%h",
+            f"{name}.{queue}@%h",  # unique on a shared RabbitMQ: one node name, one exclusive pidbox queue
             "-Q",
             queue,
             "-P",
