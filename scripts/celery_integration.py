@@ -18,18 +18,21 @@ machine's shared Redis):
 How the configuration gets into Celery's suite without editing its files: this
 module is also a pytest plugin (``-p celery_integration``). A hook wrapper
 around ``pytest_fixture_setup`` amends what Celery's own fixtures return:
-``celery_config`` (the result backend URL and ``fencing_source``),
-``celery_parameters`` (``task_cls``) and the two apps, ``celery_session_app``
-(the app of the suite's one in-process prefork worker) and ``celery_app`` (the
-app each test sends from), which it passes to ``install()``. Overriding the
-fixtures instead would depend on the order in which pytest registers plugins
-and conftests; amending their values does not. The plugin checks that it took
-(the worker app's backend class and task base) and fails the run otherwise.
+``celery_config`` (``fencing_source``), ``celery_parameters`` (the loader, and
+``task_cls``) and the two apps, ``celery_session_app`` (the app of the suite's
+one in-process prefork worker) and ``celery_app`` (the app each test sends
+from), which it passes to ``install()``. Overriding the fixtures instead would
+depend on the order in which pytest registers plugins and conftests; amending
+their values does not. The plugin checks that it took (each app's backend
+class and task base) and fails the run otherwise.
 
-``TEST_BACKEND`` stays ``redis://`` in all three runs: Celery's tests read it
-at import time to decide Redis-specific expectations (an ``xfail`` for a known
-Redis chord issue), and the fenced backend is Celery's Redis backend
-underneath. Only ``celery_config["result_backend"]`` says ``fenced+redis://``.
+The fenced runs keep ``result_backend = "redis://..."`` and get the fenced
+class through Celery's own hook for that, the loader's ``override_backends``
+(``{"redis": FencedRedisBackend}``): 78 of the tests skip themselves unless
+``app.conf.result_backend`` starts with ``redis``, and one is an ``xfail`` on
+``TEST_BACKEND`` starting with ``redis://``. The backend is the object
+``fenced+redis://<same URL>`` builds (Celery passes both the same
+``redis://`` URL); only the string in ``app.conf`` differs.
 
 Output: a table of passed/failed/error/skipped/xfailed counts and wall time per
 run (from pytest's ``--junitxml``), each fenced run's wall time over plain's,
@@ -54,7 +57,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 CONFIGS = ("plain", "backend", "task")
 TEST_FILES = ("t/integration/test_canvas.py", "t/integration/test_tasks.py")
@@ -95,10 +98,11 @@ if pytest is not None:
             backend = value["result_backend"]
             if not backend.startswith("redis://"):
                 raise pytest.UsageError(f"celery_config result_backend={backend!r}: expected a redis:// URL")
-            value["result_backend"] = "fenced+" + backend
             value["fencing_source"] = os.environ[SOURCE_VAR]
-        elif name == "celery_parameters" and mode == "task":
-            value["task_cls"] = "celery_fencing.celery:FencedTask"
+        elif name == "celery_parameters":
+            value["loader"] = f"{__name__}:FencedRedisLoader"
+            if mode == "task":
+                value["task_cls"] = "celery_fencing.celery:FencedTask"
         elif name in ("celery_session_app", "celery_app"):
             from celery_fencing.celery import install, uninstall
 
@@ -111,6 +115,20 @@ if pytest is not None:
 
     def pytest_report_header(config: Any) -> str:
         return f"celery-fencing upstream configuration: {_mode() or 'none (plugin inactive)'}"
+
+
+def _loader_base() -> Any:
+    try:
+        from celery.loaders.app import AppLoader
+    except ImportError:  # the driver runs without Celery
+        return object
+    return AppLoader
+
+
+class FencedRedisLoader(_loader_base()):  # type: ignore[misc]
+    """Celery's app loader, with ``redis://`` result backends built as ``fenced+redis://`` builds them."""
+
+    override_backends: ClassVar[dict[str, str]] = {"redis": "celery_fencing.celery.backend:FencedRedisBackend"}
 
 
 def _check_app(app: Any, mode: str) -> None:
