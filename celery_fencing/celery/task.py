@@ -409,6 +409,23 @@ class FencedTask(Task):  # type: ignore[misc]
         finally:
             self._end(execution, keep_lease=keep_lease)
 
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        """Push a request as Celery does, without turning the fencing attributes into message headers.
+
+        Celery's ``Task.__call__`` pushes a copy of the current request
+        (``Context(**request.__dict__)``) for the body, and a new ``Context``
+        takes every attribute it does not know as a custom header. The body's
+        request would then list ``fencing_token`` and the other attributes
+        ``before_start`` set among its headers, and ``self.retry()`` would send
+        them with the retry: a FencingToken is no JSON, so the retry fails. The
+        body's request keeps the attributes; only its headers lose them.
+        """
+        super().push_request(*args, **kwargs)
+        request = self.request
+        headers = request.headers
+        if isinstance(headers, dict) and any(name in headers for name in REQUEST_ATTRIBUTES):
+            request.headers = {key: value for key, value in headers.items() if key not in REQUEST_ATTRIBUTES} or None
+
     def _seal(self, execution: Execution) -> None:
         """Seal the task on a fenced result backend, before Celery sends its callbacks.
 
