@@ -10,7 +10,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "celery_fencing"
 DOC = ROOT / "docs" / "architecture.md"
 
-CORE = {"token", "blocks", "exceptions", "protocols", "context", "policies", "lease_state", "signing", "urls", "_version"}
+CORE = {
+    "token",
+    "blocks",
+    "exceptions",
+    "protocols",
+    "context",
+    "policies",
+    "lease_state",
+    "signing",
+    "urls",
+    "_version",
+}
 DRIVERS = {"redis", "sqlalchemy", "kazoo", "celery", "kombu", "django", "psycopg", "pymysql", "prometheus_client"}
 
 
