@@ -127,7 +127,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Token source URL: zookeeper://h1:2181,h2:2181/fencing or sqlite:////var/lib/app/tokens.db. Required.",
         metavar="URL",
     ),
-    Setting("fencing_timeout", 5.0, _positive_float, "Seconds a mint (or lease wait) may take.", metavar="SECONDS"),
+    Setting(
+        "fencing_timeout",
+        5.0,
+        _positive_float,
+        "Seconds a mint (or lease wait) may take, and a copy meeting an older execution's record waits for its seal.",
+        metavar="SECONDS",
+    ),
     Setting(
         "fencing_on_stale",
         None,

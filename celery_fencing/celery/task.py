@@ -70,7 +70,7 @@ from ..policies import (
 from ..protocols import FencedResultStore, Gate, conforms
 from ..token import FencingToken, validate_resource
 from . import signals
-from .claims import _own_method, arm_stores, claim_stores
+from .claims import _own_method, arm_stores, claim_stores, sealed_by_another
 from .decisions import enact
 from .options import check_task_options
 from .reports import report_duplicate, report_fenced_out
@@ -376,8 +376,10 @@ class FencedTask(Task):  # type: ignore[misc]
         except AlreadyAppliedError as exc:
             keep_lease = False
             # Superseded: a newer execution of this task applied, and it finishes the task.
-            # Else the one that applied is older and gone: this execution finishes the task.
-            self._already_applied(exc, execution.token.resource, phase="body", finish=not exc.superseded)
+            # Else an older one applied: it finishes the task if it is still running (its
+            # seal comes within moments); if it is gone, this execution finishes the task.
+            finish = not exc.superseded and not self._sealed_by_another(execution)
+            self._already_applied(exc, execution.token.resource, phase="body", finish=finish)
             self._seal(execution)
             return None
         except (BelowFloorError, EffectPendingError) as exc:
@@ -443,6 +445,23 @@ class FencedTask(Task):  # type: ignore[misc]
             backend.seal_result(execution.task_id, execution)
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
+
+    def _sealed_by_another(self, execution: Execution) -> bool:
+        """Whether another execution seals the task within ``fencing_timeout`` (see :func:`sealed_by_another`)."""
+        backend = self.backend
+        if not (execution.once and execution.task_id) or self.request.ignore_result:
+            return False
+        if not conforms(backend, FencedResultStore):
+            return False  # no seal to wait for: this execution finishes the task
+        timeout = self._settings().timeout
+        logger.info(
+            "task %s[%s]: an older execution applied the task and has not sealed it; "
+            "waiting up to %gs for it to finish before finishing the task here",
+            self.name,
+            execution.task_id,
+            timeout,
+        )
+        return sealed_by_another(backend, execution.task_id, execution.token, timeout)
 
     def _already_applied(self, exc: AlreadyAppliedError, resource: str, *, phase: str, finish: bool) -> None:
         """Report a duplicate prevented; raise ``Ignore`` unless this execution is to *finish* the task.

@@ -257,6 +257,19 @@ def _charge(task: Task, order_id: int) -> str:
     return f"charged {order_id}"
 
 
+@app.task(bind=True, acks_late=True, base=FencedTask, fencing_resource="order:{order_id}", fencing_gates=gates)
+def charge_and_linger(self: Task, order_id: int) -> int:
+    """Charges an order, then lingers before returning (and sealing): returns its execution's token.
+
+    The pause point is after the gated write: a re-delivered copy meets this
+    execution's record while this one is still running.
+    """
+    charged = int(data().get(key("charged", order_id)) or 0)
+    gates()[0].set(None, key("charged", order_id), charged + 1)
+    _pause_point(self)
+    return int(self.request.fencing_token.value)
+
+
 @app.task
 def send_receipt(previous: str, order_id: int) -> None:
     """Second step: a plain task whose effect (a receipt sent) counts how many times it ran."""

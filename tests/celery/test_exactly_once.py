@@ -12,6 +12,7 @@ the policy retries, the retry re-reads and applies the task a second time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -175,3 +176,43 @@ def test_chain_without_once_runs_its_next_step_twice(scenario: Scenario) -> None
     pause_and_redeliver(scenario, _send_chain(scenario, "charge_repeatable", 1))
     wait_for(lambda: _receipts(scenario, 1) >= 2, 60, "the second receipt")
     assert int(scenario.redis.get(scenario.key("charged", 1)) or 0) == 2
+
+
+def _linger_and_redeliver(scenario: Scenario, conf: dict[str, Any]) -> tuple[Redelivery, int]:
+    """w1 charges and lingers after its write (before its seal); the copy re-delivered to w2 meets w1's record.
+
+    Returns the run and w1's token, which its result holds.
+    """
+    scenario.env["FT_VISIBILITY_TIMEOUT"] = "2"
+    scenario.env["FT_CONF"] = json.dumps(conf)
+    w1 = scenario.worker("w1")
+    task_id = str(scenario.send("charge_and_linger", 3).id)
+    first = wait_for(lambda: _starts(scenario, task_id), 60, "w1 to write and linger")[0]  # type: ignore[index]
+    w2 = scenario.worker("w2")
+    waiting = f"[{task_id}]: an older execution applied the task and has not sealed it"
+    wait_for(lambda: waiting in w2.log(), 60, "the copy re-delivered to w2 to meet w1's record")
+    return Redelivery(task_id, w1, w2), int(first[2])
+
+
+@pytest.mark.slow
+def test_copy_that_meets_a_running_executions_record_waits_for_its_seal(scenario: Scenario) -> None:
+    """w1 applied and still runs: w2's copy waits for w1's seal and ends as done; w1's result stands."""
+    run, w1_token = _linger_and_redeliver(scenario, {})
+    scenario.release(run.task_id, w1_token)
+    wait_for(lambda: f"[{run.task_id}] ignored" in run.w2.log(), 60, "w2's copy to end as done")
+    wait_for(lambda: f"[{run.task_id}] succeeded" in run.w1.log(), 60, "w1 to finish")
+    assert int(scenario.redis.get(scenario.key("charged", 3)) or 0) == 1
+    assert scenario.client.AsyncResult(run.task_id).get(timeout=10) == w1_token, "the applying execution's result"
+    assert "-> ignore" in run.w2.log()
+
+
+@pytest.mark.slow
+def test_copy_that_stops_waiting_too_soon_stores_its_empty_result(scenario: Scenario) -> None:
+    """Control: a wait shorter than w1's linger; w2's copy finishes the task first, and None stands for w1's result."""
+    run, w1_token = _linger_and_redeliver(scenario, {"fencing_timeout": 0.1})
+    wait_for(lambda: f"[{run.task_id}] succeeded" in run.w2.log(), 60, "w2's copy to finish the task")
+    scenario.release(run.task_id, w1_token)
+    dropped = f"task {run.task_id} already applied by another execution: its SUCCESS result is not stored again"
+    wait_for(lambda: dropped in run.w1.log(), 60, "w1's result (its seal) to be refused")
+    assert int(scenario.redis.get(scenario.key("charged", 3)) or 0) == 1
+    assert scenario.client.AsyncResult(run.task_id).get(timeout=10) is None, "the copy's empty result stood"
