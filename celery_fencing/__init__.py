@@ -53,7 +53,8 @@ from .sources.sqlite import SQLiteTokenSource
 from .token import MAX_TOKEN_VALUE, FencingToken
 
 if TYPE_CHECKING:
-    from .celery.task import FencedTask, fenced_task
+    from .celery.decorator import fenced_task
+    from .celery.task import FencedTask
     from .celery.worker import install
     from .gates.django import DjangoGate
     from .gates.redis import RedisGate
@@ -116,7 +117,7 @@ __all__ = [
 _LAZY: dict[str, str] = {
     "DjangoGate": "celery_fencing.gates.django",
     "FencedTask": "celery_fencing.celery.task",
-    "fenced_task": "celery_fencing.celery.task",
+    "fenced_task": "celery_fencing.celery.decorator",
     "install": "celery_fencing.celery.worker",
     "EtcdTokenSource": "celery_fencing.sources.etcd",
     "RedisGate": "celery_fencing.gates.redis",

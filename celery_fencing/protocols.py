@@ -1,12 +1,17 @@
-"""The two roles every backend plays: a token source mints, a gate checks.
+"""The roles backends play: a token source mints, a gate checks; and the optional capabilities of each.
 
 These are structural protocols (``typing.Protocol``): a backend conforms by
-having the methods, not by inheriting. The Celery layer depends only on these.
+having the methods, not by inheriting. The Celery layer depends only on these,
+and asks for an optional capability (a transient or block mint, a lease, a
+lock-delay, a batched claim, a fenced result store) with :func:`conforms`
+(``isinstance``, remembered per type) or, for a fast path that bypasses the
+object's own methods, :func:`declares` (the class's own members only).
 """
 
 from __future__ import annotations
 
 import typing
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .token import FencingToken
@@ -16,13 +21,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AppliedRecords",
+    "BatchedClaimGate",
+    "BatchedResultClaims",
     "BlockSource",
     "FencedResultStore",
     "FlooredStore",
     "Gate",
+    "LeasingSource",
+    "LockDelaySource",
     "TokenSource",
     "TokenVerifier",
+    "TransientSource",
     "conforms",
+    "declares",
 ]
 
 
@@ -37,11 +48,8 @@ class TokenSource(Protocol):
     * ``mint`` returns within *timeout* seconds or raises
       :class:`~celery_fencing.TokenUnavailableError`; it never hangs.
 
-    A source whose tokens are one global sequence (ZooKeeper's zxid) may also
-    offer ``mint_transient(resource, *, timeout=None)``: a token ordered as
-    ``mint``'s, mixed freely with them, that leaves no per-resource state
-    behind. Fenced tasks use it for task-id resources, which are never
-    minted for again once the task is done.
+    A source whose tokens are one global sequence may also be a
+    :class:`TransientSource`, and one with locks a :class:`LeasingSource`.
     """
 
     def mint(self, resource: str, *, timeout: float | None = None) -> FencingToken:
@@ -51,6 +59,52 @@ class TokenSource(Protocol):
     def close(self) -> None:
         """Release connections and files. Idempotent."""
         ...
+
+
+@runtime_checkable
+class TransientSource(Protocol):
+    """A source whose tokens are one global sequence (ZooKeeper's zxid, SQLite's counter).
+
+    ``mint_transient`` gives a token ordered as ``mint``'s, mixed freely with
+    them, that leaves no per-resource state behind. Fenced tasks use it for
+    task-id resources, which are never minted for again once the task is
+    done, and the stores for their floors.
+    """
+
+    def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
+        """A token for *resource*, above every token minted before the call, leaving no per-resource state."""
+        ...
+
+
+@runtime_checkable
+class LeasingSource(Protocol):
+    """A source that holds a resource's lock with a token minted under it (ZooKeeper, etcd): exclusive mode.
+
+    ``lease`` returns a context manager whose value has ``token`` and
+    ``on_lost(callback)``; it waits at most *timeout* for the lock.
+    """
+
+    def lease(self, resource: str, *, timeout: float | None = None) -> AbstractContextManager[Any]:
+        """Hold *resource*'s lock for the ``with`` block, with a token minted under it."""
+        ...
+
+
+@runtime_checkable
+class LockDelaySource(Protocol):
+    """A leasing source whose leases also take a lock-delay (ZooKeeper): ``lease(resource, *, timeout, lock_delay)``.
+
+    After a lease that ended because its holder failed, the resource is not
+    granted again for *lock_delay* seconds (see ``fencing_lock_delay``).
+    """
+
+    def lease(
+        self, resource: str, *, timeout: float | None = None, lock_delay: float | None = None
+    ) -> AbstractContextManager[Any]:
+        """Hold *resource*'s lock, waiting out a lock-delay left by a failed holder."""
+        ...
+
+    #: Declares the capability: ``lease`` takes *lock_delay* (a parameter no ``isinstance`` can see).
+    lease_takes_lock_delay: bool
 
 
 @runtime_checkable
@@ -111,6 +165,27 @@ class Gate(Protocol):
 
     def high_water(self, resource: str) -> int | None:
         """Return the resource's mark, or ``None`` if it was never claimed or written."""
+        ...
+
+
+@runtime_checkable
+class BatchedClaimGate(Protocol):
+    """A gate whose claim can join other script calls in one Redis round trip (:mod:`.gates.redis_batch`).
+
+    Checked with :func:`declares`: the call skips the gate's ``claim()``.
+    """
+
+    def claim_call(self, token: FencingToken | None = None) -> Any:
+        """The claim of *token* as a script call, to be run with others in one round trip."""
+        ...
+
+
+@runtime_checkable
+class BatchedResultClaims(Protocol):
+    """A result backend whose result claim can join the gates' batched claims (the fenced Redis backend)."""
+
+    def claim_result_call(self, task_id: str, token: FencingToken) -> Any:
+        """The claim of *task_id*'s result with *token* as a script call."""
         ...
 
 
@@ -201,6 +276,25 @@ def conforms(obj: object, protocol: Any) -> bool:
     if not answer and not hasattr(kind, "__getattr__"):
         _conforming[key] = False
     return answer
+
+
+_declaring: dict[tuple[type, type], bool] = {}
+
+
+def declares(obj: object, protocol: Any) -> bool:
+    """Whether *obj*'s class itself has every member of *protocol*, not a wrapper that forwards them.
+
+    For optional fast paths that bypass the object's own methods: a claim
+    batched as a script call skips ``claim()``, so a wrapper that forwards
+    unknown attributes (``MeteredGate``) must not be taken for a gate that
+    declares one; it is claimed through its own ``claim()``.
+    """
+    kind = type(obj)
+    key = (kind, protocol)
+    known = _declaring.get(key)
+    if known is None:
+        known = _declaring[key] = all(hasattr(kind, name) for name in _members(protocol))
+    return known
 
 
 def _members(protocol: Any) -> frozenset[str]:

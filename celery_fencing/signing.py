@@ -43,7 +43,7 @@ from .exceptions import (
     GrantorMismatchError,
     TokenUnavailableError,
 )
-from .protocols import TokenSource, TokenVerifier
+from .protocols import TokenSource, TokenVerifier, TransientSource
 from .token import FencingToken
 
 __all__ = ["MIN_KEY_BYTES", "AllOf", "PlausibilityBound", "SigningTokenSource", "TokenSigner"]
@@ -161,8 +161,9 @@ class SigningTokenSource:
 
     def mint_transient(self, resource: str, *, timeout: float | None = None) -> FencingToken:
         """Mint without per-resource state where the source can (see ``TokenSource``), and sign the token."""
-        transient = getattr(self.source, "mint_transient", None)
-        token = (transient or self.source.mint)(resource, timeout=timeout)
+        source = self.source
+        mint = source.mint_transient if isinstance(source, TransientSource) else source.mint
+        token = mint(resource, timeout=timeout)
         return self.signer.sign(token)
 
     def mint_many(self, resources: Iterable[str], *, timeout: float | None = None) -> list[FencingToken]:

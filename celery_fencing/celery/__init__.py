@@ -19,7 +19,8 @@ import it from :mod:`celery_fencing.celery.backend` to subclass it.
 from __future__ import annotations
 
 from . import signals
-from .task import FencedTask, fenced_task
+from .decorator import fenced_task
+from .task import FencedTask
 from .worker import FencingBootstep, install, uninstall
 
 __all__ = ["FencedTask", "FencingBootstep", "fenced_task", "install", "signals", "uninstall"]

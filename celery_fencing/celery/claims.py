@@ -1,4 +1,4 @@
-"""Before a fenced task's body runs: arm its stores, then claim its token on each of them.
+"""Claims: arm a fenced task's stores and claim its token on each before the body; wait for a seal after.
 
 Functions of the gates and the result backend the task was given, so that
 :class:`~celery_fencing.celery.FencedTask` keeps only the execution's lifecycle.
@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import AlreadyAppliedError, FencingError, StaleTokenError
-from ..protocols import FencedResultStore, FlooredStore, Gate, TokenSource, conforms
+from ..protocols import (
+    BatchedClaimGate,
+    BatchedResultClaims,
+    FencedResultStore,
+    FlooredStore,
+    Gate,
+    TokenSource,
+    conforms,
+    declares,
+)
 from ..token import FencingToken
 
 __all__ = ["arm_stores", "claim_stores", "sealed_by_another"]
@@ -51,17 +60,13 @@ def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_
     """
     batched: list[Any] = []
     for gate in gates:
-        # Only a gate's own claim_call: a wrapper (MeteredGate) that forwards
-        # unknown attributes would have its claim() skipped.
-        prepare = _own_method(gate, "claim_call") if batch else None
-        if prepare is None:
-            gate.claim(token)
+        if batch and declares(gate, BatchedClaimGate):
+            batched.append(gate.claim_call(token))  # type: ignore[attr-defined]
         else:
-            batched.append(prepare(token))
+            gate.claim(token)
     if backend is not None:
-        prepare_result = _own_method(backend, "claim_result_call") if batch else None
-        if prepare_result is not None:
-            batched.append(prepare_result(task_id, token))
+        if batch and declares(backend, BatchedResultClaims):
+            batched.append(backend.claim_result_call(task_id, token))
         elif conforms(backend, FencedResultStore):
             backend.claim_result(task_id, token)
     if batched:
@@ -97,10 +102,3 @@ def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: 
         if time.monotonic() >= deadline:
             return False
         time.sleep(SEAL_POLL_INTERVAL)
-
-
-def _own_method(target: Any, name: str) -> Any:
-    """``target.name`` if *target*'s class defines it, else ``None`` (not one a proxy forwards)."""
-    if getattr(type(target), name, None) is None:
-        return None
-    return getattr(target, name)

@@ -39,12 +39,15 @@ import difflib
 import inspect
 import re
 import string
+from collections.abc import Sequence
+from typing import Any
 
-from ..exceptions import FencingConfigurationError
+from ..exceptions import FencingConfigurationError, InvalidTokenError
 from ..policies import policy_from_setting
+from ..token import validate_resource
 from .settings import MODES
 
-__all__ = ["TASK_OPTIONS", "check_task_options"]
+__all__ = ["TASK_OPTIONS", "check_task_options", "resource_for"]
 
 #: The task options FencedTask understands; any other ``fencing_*`` attribute is a typo.
 TASK_OPTIONS = frozenset(
@@ -129,3 +132,34 @@ def _check_template(cls: type, template: str) -> None:
                 f"task {cls.__name__}: fencing_resource={template!r} names {{{root}}}, which the task does not "
                 f"take (it takes: {', '.join(sorted(names)) or 'nothing'}){hint}"
             )
+
+
+def resource_for(task: Any, spec: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """The resource an execution of *task* is fenced on: its ``fencing_resource`` *spec* applied to its arguments.
+
+    *spec* is a template (formatted with the bound arguments, defaults
+    applied), a callable taking the arguments, or ``None`` for the task id.
+
+    :raises FencingConfigurationError: no task id (``None``), or the template
+        names an argument the task does not take, or yields an invalid resource.
+    :raises TypeError: the arguments do not fit the task (Celery's own error).
+    """
+    if spec is None:
+        task_id = task.request.id
+        if not task_id:
+            raise FencingConfigurationError(f"task {task.name}: no task id to fence on")
+        return str(task_id)
+    if not callable(spec):
+        # Wrong arguments raise Celery's own TypeError here, as the body would.
+        bound = inspect.signature(task.run).bind(*args, **kwargs)
+        bound.apply_defaults()
+    try:
+        resource = spec(*args, **kwargs) if callable(spec) else spec.format_map(bound.arguments)
+        return validate_resource(resource)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, InvalidTokenError) as exc:
+        # The arguments' values stay out of the message: it is logged, and they may be personal data.
+        raise FencingConfigurationError(
+            f"task {task.name}: cannot build the fencing resource from {spec!r} "
+            f"({len(args)} positional and {len(kwargs)} keyword arguments: {', '.join(sorted(kwargs)) or '-'}): "
+            f"{type(exc).__name__}"
+        ) from exc

@@ -33,7 +33,6 @@ Task options (class attributes, or keyword arguments of ``@app.task``): see
 
 from __future__ import annotations
 
-import inspect
 import logging
 import random
 import time
@@ -52,7 +51,6 @@ from ..exceptions import (
     FencingConfigurationError,
     FencingError,
     GateUnavailableError,
-    InvalidTokenError,
     LeaseLostError,
     StaleTokenError,
     TokenUnavailableError,
@@ -67,17 +65,17 @@ from ..policies import (
     decide,
     policy_from_setting,
 )
-from ..protocols import FencedResultStore, Gate, conforms
-from ..token import FencingToken, validate_resource
+from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms
+from ..token import FencingToken
 from . import signals
-from .claims import _own_method, arm_stores, claim_stores, sealed_by_another
+from .claims import arm_stores, claim_stores, sealed_by_another
 from .decisions import enact
-from .options import check_task_options
+from .options import check_task_options, resource_for
 from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
 from .settings import FencingSettings, setting
 
-__all__ = ["FencedTask", "fenced_task"]
+__all__ = ["FencedTask"]
 
 logger = logging.getLogger("celery_fencing")
 
@@ -155,31 +153,12 @@ class FencedTask(Task):  # type: ignore[misc]
         )
 
     def fencing_resource_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-        """Return the resource this execution is fenced on.
+        """Return the resource this execution is fenced on (see :func:`.options.resource_for`).
 
         :raises FencingConfigurationError: the template names an argument the
             task does not take, or yields an invalid resource.
         """
-        spec = task_option(self, "fencing_resource")
-        if spec is None:
-            task_id = self.request.id
-            if not task_id:
-                raise FencingConfigurationError(f"task {self.name}: no task id to fence on")
-            return str(task_id)
-        if not callable(spec):
-            # Wrong arguments raise Celery's own TypeError here, as the body would.
-            bound = inspect.signature(self.run).bind(*args, **kwargs)
-            bound.apply_defaults()
-        try:
-            resource = spec(*args, **kwargs) if callable(spec) else spec.format_map(bound.arguments)
-            return validate_resource(resource)
-        except (KeyError, IndexError, AttributeError, TypeError, ValueError, InvalidTokenError) as exc:
-            # The arguments' values stay out of the message: it is logged, and they may be personal data.
-            raise FencingConfigurationError(
-                f"task {self.name}: cannot build the fencing resource from {spec!r} "
-                f"({len(args)} positional and {len(kwargs)} keyword arguments: {', '.join(sorted(kwargs)) or '-'}): "
-                f"{type(exc).__name__}"
-            ) from exc
+        return resource_for(self, task_option(self, "fencing_resource"), args, kwargs)
 
     # Lifecycle ----------------------------------------------------------------------
 
@@ -285,15 +264,14 @@ class FencedTask(Task):  # type: ignore[misc]
         held: HeldLease | None = None
         try:
             if mode == "exclusive":
-                lease_factory = getattr(source, "lease", None)
-                if lease_factory is None:
+                if not conforms(source, LeasingSource):
                     raise FencingConfigurationError(
                         f"task {self.name}: fencing_mode='exclusive' needs a source with leases (ZooKeeper), "
                         f"not {type(source).__name__}"
                     )
                 held = runtime.take_lease(resource) if settings.lease_reuse else None
                 if held is None:
-                    held = self._take_lease(runtime, lease_factory, resource, settings)
+                    held = self._take_lease(runtime, source, resource, settings)
                 request.fencing_lease = held
                 token = held.lease.token
             elif in_block:
@@ -301,8 +279,8 @@ class FencedTask(Task):  # type: ignore[misc]
             else:
                 # A task id is never minted for again once its task is done: a source
                 # that can mint without keeping per-resource state (ZooKeeper) should.
-                transient = _own_method(source, "mint_transient") if resource_is_task_id else None
-                token = (transient or source.mint)(resource, timeout=settings.timeout)
+                transient = resource_is_task_id and conforms(source, TransientSource)
+                token = (source.mint_transient if transient else source.mint)(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
         once = self._option("once", settings)
@@ -333,19 +311,19 @@ class FencedTask(Task):  # type: ignore[misc]
         claim_stores(gates, None if request.ignore_result else self.backend, token, request.id, batch=batch)
 
     def _take_lease(
-        self, runtime: FencingRuntime, lease_factory: Callable[..., Any], resource: str, settings: FencingSettings
+        self, runtime: FencingRuntime, source: LeasingSource, resource: str, settings: FencingSettings
     ) -> HeldLease:
         options: dict[str, Any] = {"timeout": settings.timeout}
         delay = self._option("lock_delay", settings)
-        if "lock_delay" in inspect.signature(lease_factory).parameters:
+        if conforms(source, LockDelaySource):
             # Wait a lock-delay out in place: the lease may take the delay on top of the usual wait.
             options.update(lock_delay=delay, timeout=settings.timeout + delay)
         elif delay:
             raise FencingConfigurationError(
-                f"task {self.name}: fencing_lock_delay={delay} needs a source whose lease() takes a lock_delay "
-                f"(ZooKeeperTokenSource); {lease_factory!r:.80} does not"
+                f"task {self.name}: fencing_lock_delay={delay} needs a source whose leases take a lock-delay "
+                f"(ZooKeeperTokenSource), not {type(source).__name__}"
             )
-        manager: AbstractContextManager[Any] = lease_factory(resource, **options)
+        manager: AbstractContextManager[Any] = source.lease(resource, **options)
         runtime.wait_for_lease(resource, +1)
         try:
             lease = manager.__enter__()
@@ -519,35 +497,3 @@ class FencedTask(Task):  # type: ignore[misc]
         decision = decide(policy, state)
         report_fenced_out(self, exc, resource, phase, decision)
         raise enact(self, decision, exc)
-
-
-def fenced_task(
-    app: Any = None,
-    *,
-    resource: str | Callable[..., str] | None = None,
-    on_stale: str | Policy | None = None,
-    gates: Sequence[Gate] | Callable[[], Sequence[Gate]] = (),
-    mode: str | None = None,
-    **task_options: Any,
-) -> Callable[[Callable[..., Any]], Any]:
-    """Decorator shortcut for ``@app.task(base=FencedTask, fencing_resource=..., ...)``.
-
-    With no *app*, registers a shared task (``celery.shared_task``).
-    """
-    options = {
-        "base": task_options.pop("base", FencedTask),
-        "fencing_resource": resource,
-        "fencing_on_stale": on_stale,
-        "fencing_gates": gates,
-        "fencing_mode": mode,
-        **task_options,
-    }
-
-    def decorate(fun: Callable[..., Any]) -> Any:
-        if app is None:
-            from celery import shared_task
-
-            return shared_task(**options)(fun)
-        return app.task(**options)(fun)
-
-    return decorate

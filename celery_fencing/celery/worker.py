@@ -22,7 +22,6 @@ It uses public Celery hooks only, and every signal handler is connected with
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
@@ -33,6 +32,7 @@ from celery.bin.base import CeleryOption
 from celery.signals import worker_process_init, worker_process_shutdown
 
 from ..exceptions import FencingConfigurationError, FencingError, TokenUnavailableError
+from ..protocols import LeasingSource, LockDelaySource, conforms
 from .runtime import runtime_for
 from .settings import SETTINGS
 
@@ -112,12 +112,11 @@ def _check_source_supports(source: Any, settings: Any) -> None:
     Otherwise every task would fail at run time with the same configuration error.
     (Per-task options are checked when the task runs.)
     """
-    lease = getattr(source, "lease", None)
-    if settings.mode == "exclusive" and lease is None:
+    if settings.mode == "exclusive" and not conforms(source, LeasingSource):
         raise FencingConfigurationError(
             f"fencing_mode='exclusive' needs a source with leases (ZooKeeper, etcd), not {type(source).__name__}"
         )
-    if settings.lock_delay and (lease is None or "lock_delay" not in inspect.signature(lease).parameters):
+    if settings.lock_delay and not conforms(source, LockDelaySource):
         raise FencingConfigurationError(
             f"fencing_lock_delay={settings.lock_delay:g} needs a source whose leases take a lock-delay "
             f"(ZooKeeper), not {type(source).__name__}; set it to 0 or use zookeeper://"

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from redis.exceptions import RedisError, ResponseError
 
 from ..exceptions import FencingConfigurationError, InvalidArgumentError, StoreUnarmedError
-from ..protocols import TokenSource
+from ..protocols import TokenSource, TransientSource
 from ..token import FencingToken, validate_resource
 from .redis_keys import MARK_WIDTH, decode_mark, encode_mark, hash_tag
 from .redis_scripts import ARM_SCRIPT, parse_refusal
@@ -41,7 +41,7 @@ FLOOR_RESOURCE = "celery-fencing:floor"
 
 def mint_floor(source: TokenSource) -> FencingToken:
     """A floor: a token minted now, on the source's one scale (transient where the source can, leaving no state)."""
-    mint = getattr(source, "mint_transient", None) or source.mint
+    mint = source.mint_transient if isinstance(source, TransientSource) else source.mint
     token: FencingToken = mint(FLOOR_RESOURCE)
     return token
 

@@ -63,6 +63,9 @@ def newer_copy_holds_a_newer_block(scenario: Scenario, points: PausePoints, held
     # ...and arms the stores (the gate too) with floors below B's tokens: no floor gets in the way.
     assert scenario.send("count_once_ignore", "warm-up").get(timeout=60) == 1
     a.pause()
+    # Paused while idle, A may have a BRPOP outstanding, and Redis hands it the next message even so
+    # (it then sits in A's socket, in no unacked set, until A resumes): a decoy takes that place.
+    scenario.send("send_receipt", "decoy", 0)
     b = scenario.worker("b", pool="prefork", concurrency=2)
     b_warm = int(scenario.send("task_id_token").get(timeout=60))
     assert b_warm > a_warm, "B's block is newer than A's"

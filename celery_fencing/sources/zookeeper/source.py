@@ -69,6 +69,8 @@ class ZooKeeperTokenSource:
     volatile = False
     #: ``ceiling()`` is one counter for every resource: the ensemble's zxid.
     ceiling_is_global = True
+    #: ``lease()`` takes ``lock_delay`` (:class:`~celery_fencing.protocols.LockDelaySource`).
+    lease_takes_lock_delay = True
 
     def __init__(
         self,
