@@ -11,9 +11,9 @@ driver-backed names are loaded on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from . import _lazy
 from ._version import __version__
 from .context import current_token, resolve_token, token_context
 from .exceptions import (
@@ -126,13 +126,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'celery_fencing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy.lazy_names(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -360,28 +360,21 @@ class FencedTask(Task):  # type: ignore[misc]
             self._already_applied(exc, execution.token.resource, phase="body", finish=finish)
             self._seal(execution)
             return None
-        except (BelowFloorError, EffectPendingError) as exc:
-            # Not a newer execution, so not for the stale policy: a store lost its marks while
-            # this execution ran (the repeat mints a token above its floor), or another execution
-            # claimed this effect's idempotency key and has recorded no outcome yet (the repeat
-            # finds the outcome). Retry with backoff, or fail once retries run out.
+        except (*_FENCED_OUT, EffectPendingError) as exc:
             keep_lease = False
+            # A store that lost its marks while this execution ran (the repeat mints a token
+            # above its floor), or an idempotency key another execution claimed and has
+            # recorded no outcome for yet (the repeat finds the outcome): not a newer
+            # execution, so not for the stale policy. Retry with backoff, or fail once
+            # retries run out.
+            not_newer = isinstance(exc, (BelowFloorError, EffectPendingError))
             self._fenced_out(
                 exc,
                 execution.token.resource,
                 bool(request.get("fencing_resource_is_task_id")),
                 self._settings(),
                 phase="body",
-                unavailable=True,
-            )
-        except _FENCED_OUT as exc:
-            keep_lease = False
-            self._fenced_out(
-                exc,
-                execution.token.resource,
-                bool(request.get("fencing_resource_is_task_id")),
-                self._settings(),
-                phase="body",
+                unavailable=not_newer,
             )
         except FencingError:
             keep_lease = False

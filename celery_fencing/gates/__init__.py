@@ -10,9 +10,9 @@ Driver-backed gates are imported lazily: naming one imports its driver only then
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import _lazy
 from .memory import MemoryGate
 
 if TYPE_CHECKING:
@@ -25,10 +25,4 @@ __all__ = ["DjangoGate", "MemoryGate", "RedisGate", "SQLGate"]
 _LAZY = {"DjangoGate": ".django", "RedisGate": ".redis", "SQLGate": ".sql"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy.lazy_names(__name__, _LAZY, globals())

@@ -29,9 +29,9 @@ see the "When the storage cannot check tokens" page of the docs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import _lazy
 from .core import (
     DEFAULT_RETENTION,
     MAX_KEY_LENGTH,
@@ -65,10 +65,4 @@ __all__ = [
 _LAZY = {"RedisIdempotencyStore": ".redis", "SQLIdempotencyStore": ".sql"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy.lazy_names(__name__, _LAZY, globals())

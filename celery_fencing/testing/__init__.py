@@ -20,9 +20,9 @@ and every other name on first use. See docs/testing.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .. import _lazy
 from .pause import Arrival, PausePoints, PausePointTimeoutError, pause_point
 
 if TYPE_CHECKING:
@@ -63,30 +63,24 @@ __all__ = [
 ]
 
 _LAZY = {
-    "assert_applied_once": "assertions",
-    "assert_fenced_out": "assertions",
-    "FencingEvent": "events",
-    "FencingEvents": "events",
-    "record_events": "events",
-    "FencedWorkers": "plugin",
-    "free_ports": "processes",
-    "wait_for": "processes",
-    "TcpProxy": "redelivery",
-    "redis_redelivery_settings": "redelivery",
-    "FencedWorker": "workers",
-    "fencing_flags": "workers",
-    "ZooKeeperError": "zookeeper",
-    "ZooKeeperNode": "zookeeper",
-    "ZooKeeperServer": "zookeeper",
-    "ZooKeeperEnsemble": "zookeeper_ensemble",
-    "expire_session": "zookeeper_ensemble",
+    "assert_applied_once": ".assertions",
+    "assert_fenced_out": ".assertions",
+    "FencingEvent": ".events",
+    "FencingEvents": ".events",
+    "record_events": ".events",
+    "FencedWorkers": ".plugin",
+    "free_ports": ".processes",
+    "wait_for": ".processes",
+    "TcpProxy": ".redelivery",
+    "redis_redelivery_settings": ".redelivery",
+    "FencedWorker": ".workers",
+    "fencing_flags": ".workers",
+    "ZooKeeperError": ".zookeeper",
+    "ZooKeeperNode": ".zookeeper",
+    "ZooKeeperServer": ".zookeeper",
+    "ZooKeeperEnsemble": ".zookeeper_ensemble",
+    "expire_session": ".zookeeper_ensemble",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy.lazy_names(__name__, _LAZY, globals())

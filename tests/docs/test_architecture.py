@@ -20,6 +20,7 @@ CORE = {
     "lease_state",
     "signing",
     "urls",
+    "_lazy",
     "_version",
 }
 DRIVERS = {"redis", "sqlalchemy", "kazoo", "celery", "kombu", "django", "psycopg", "pymysql", "prometheus_client"}
