@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from .exceptions import FencingConfigurationError, FencingError
+from .values import count, seconds
 
 __all__ = [
     "POLICY_NAMES",
@@ -126,12 +127,11 @@ class ExponentialBackoff:
     jitter: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("initial", "factor", "maximum"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise FencingConfigurationError(f"backoff {name} must be a finite number >= 0, got {value!r}")
-        if self.factor < 1:
-            raise FencingConfigurationError(f"backoff factor must be >= 1, got {self.factor!r}")
+        for name in ("initial", "maximum"):
+            seconds(f"backoff {name}", getattr(self, name), zero=True)
+        factor = self.factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 1:
+            raise FencingConfigurationError(f"backoff factor must be a finite number >= 1, got {factor!r}")
         if not 0 <= self.jitter <= 1:
             raise FencingConfigurationError(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
 
@@ -181,11 +181,10 @@ class DeferPolicy(_Composable):
     max_retries: int = 10
 
     def __post_init__(self) -> None:
-        value = self.countdown
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise FencingConfigurationError(f"defer countdown must be a finite number >= 0, got {value!r}")
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+        seconds("defer countdown", self.countdown, zero=True)
+        if not isinstance(self.max_retries, int):
             raise FencingConfigurationError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
+        count("max_retries", self.max_retries)
 
     def __call__(self, state: StaleState) -> Decision | None:
         if state.retries >= self.max_retries:

@@ -7,10 +7,10 @@ returns a password, whether the URL is well formed or not.
 
 from __future__ import annotations
 
-import math
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from .exceptions import FencingConfigurationError
+from .values import seconds
 
 __all__ = ["parse_block", "parse_seconds", "query_params", "redact_url", "split_url"]
 
@@ -78,12 +78,9 @@ def parse_seconds(shown: str, name: str, raw: str) -> float:
     :raises FencingConfigurationError: naming the parameter, its value and the URL (as *shown*).
     """
     try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise FencingConfigurationError(f"{name}={raw!r} in {shown!r} must be a positive number of seconds")
-    return value
+        return seconds(name, raw, parse=True)
+    except FencingConfigurationError:
+        raise FencingConfigurationError(f"{name}={raw!r} in {shown!r} must be a positive number of seconds") from None
 
 
 def parse_block(shown: str, raw: str) -> int:

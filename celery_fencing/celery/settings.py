@@ -12,61 +12,46 @@ attribute, e.g. ``fencing_on_stale``) wins over both for that task.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import FencingConfigurationError
 from ..policies import POLICY_NAMES
+from ..values import count, seconds
 
 __all__ = ["SETTINGS", "FencingSettings", "Setting", "check_unknown_settings", "read_settings", "redelivery_horizon"]
 
 MODES = ("token", "exclusive")
 
 
+# Settings come from app.conf (numbers) and from worker flags (strings): both parse.
+
+
 def _positive_float(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise FencingConfigurationError(f"{name} must be a number of seconds, not {value!r:.60}") from None
-    if not math.isfinite(number) or number <= 0:
-        raise FencingConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
-    return number
+    return seconds(name, value, parse=True)
 
 
 def _non_negative_float(name: str, value: Any) -> float:
-    if value in (0, "0", 0.0):
-        return 0.0
-    return _positive_float(name, value)
+    return seconds(name, value, zero=True, parse=True)
 
 
 def _fraction(name: str, value: Any) -> float:
-    number = _non_negative_float(name, value)
+    number = seconds(name, value, zero=True, parse=True)
     if number > 1:
         raise FencingConfigurationError(f"{name} must be within [0, 1], not {value!r}")
     return number
 
 
 def _factor(name: str, value: Any) -> float:
-    number = _positive_float(name, value)
+    number = seconds(name, value, parse=True)
     if number < 1:
         raise FencingConfigurationError(f"{name} must be >= 1, not {value!r}")
     return number
 
 
 def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r:.60}") from None
-    if number < 0 or (isinstance(value, float) and not value.is_integer()):
-        raise FencingConfigurationError(f"{name} must be a whole number >= 0, not {value!r}")
-    return number
+    return count(name, value, parse=True)
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -48,6 +48,7 @@ from typing import Any, NoReturn
 from ..context import current_token, resolve_token
 from ..exceptions import FencingConfigurationError, GateUnavailableError, StaleETagError
 from ..token import FencingToken
+from ..values import seconds
 
 __all__ = ["ConditionalHTTPClient", "HTTPDocument"]
 
@@ -87,8 +88,7 @@ class ConditionalHTTPClient:
         token_header: str | None = None,
         opener: urllib.request.OpenerDirector | None = None,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise FencingConfigurationError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        seconds("timeout", timeout)
         if token_header is not None and (not isinstance(token_header, str) or not token_header.strip()):
             raise FencingConfigurationError(f"token_header must be a header name, not {token_header!r}")
         self.timeout = float(timeout)

@@ -49,6 +49,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from ..context import current_execution
 from ..exceptions import FencingConfigurationError
+from ..values import seconds
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -169,14 +170,6 @@ def idempotency_key(operation: str, task_id: str | None = None) -> str:
     return validate_key(f"{task_id}:{operation}")
 
 
-def _validate_seconds(name: str, value: object, *, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise FencingConfigurationError(f"{name} must be a positive number of seconds, not {value!r}")
-    return float(value)
-
-
 def run_once(
     store: IdempotencyStore,
     key: str,
@@ -201,9 +194,9 @@ def run_once(
     :raises FencingConfigurationError: bad key or durations.
     """
     validate_key(key)
-    retention_s = _validate_seconds("retention", retention)
+    retention_s = seconds("retention", retention)
     assert retention_s is not None
-    reclaim_s = _validate_seconds("reclaim_after", reclaim_after, optional=True)
+    reclaim_s = None if reclaim_after is None else seconds("reclaim_after", reclaim_after)
     claim = store.claim(key, retention=retention_s, reclaim_after=reclaim_s)
     if claim.done:
         log.info("idempotency key %r: effect already done, returning its recorded outcome", key)
@@ -255,8 +248,9 @@ def idempotent(
     """
     if key is not None and not callable(key):
         raise FencingConfigurationError(f"key must be a callable returning the key, not {key!r:.60}")
-    _validate_seconds("retention", retention)
-    _validate_seconds("reclaim_after", reclaim_after, optional=True)
+    seconds("retention", retention)
+    if reclaim_after is not None:
+        seconds("reclaim_after", reclaim_after)
     resolve = _store_resolver(store)
 
     def decorate(function: Callable[P, T]) -> Callable[P, Any]:

@@ -20,6 +20,7 @@ CORE = {
     "lease_state",
     "signing",
     "urls",
+    "values",
     "_lazy",
     "_version",
 }

@@ -40,6 +40,7 @@ def test_public_names_are_in_all() -> None:
         "testing",
         "token",
         "urls",
+        "values",
     }
     assert public - submodules - {"annotations", "importlib", "TYPE_CHECKING", "Any"} <= set(celery_fencing.__all__)
 

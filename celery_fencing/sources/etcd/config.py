@@ -7,7 +7,6 @@ the URL it was found in).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -16,16 +15,10 @@ from urllib.parse import unquote
 from ...exceptions import FencingConfigurationError
 from ...urls import parse_seconds, query_params, redact_url, split_url
 
-__all__ = ["parse_url", "validate_endpoints", "validate_prefix", "validate_seconds"]
+__all__ = ["parse_url", "validate_endpoints", "validate_prefix"]
 
 _DEFAULT_PORT = 2379
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
-
-
-def validate_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise FencingConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def validate_endpoints(endpoints: object, url: str | None = None) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 from ...exceptions import FencingConfigurationError, TokenUnavailableError
 from ...token import FencingToken, validate_resource
+from ...values import seconds as validated_seconds
 from . import config
 from .gateway import Gateway, int_field
 from .grantor import Grantor
@@ -55,8 +56,8 @@ class EtcdTokenSource:
     ) -> None:
         self.endpoints = config.validate_endpoints(endpoints)
         self.prefix = config.validate_prefix(prefix)
-        self.timeout = config.validate_seconds("timeout", timeout)
-        self.lease_ttl = config.validate_seconds("lease_ttl", lease_ttl)
+        self.timeout = validated_seconds("timeout", timeout)
+        self.lease_ttl = validated_seconds("lease_ttl", lease_ttl)
         if self.lease_ttl < 2:
             raise FencingConfigurationError(f"lease_ttl must be at least 2 seconds (etcd's minimum), got {lease_ttl!r}")
         if cluster_id is not None and (isinstance(cluster_id, bool) or not isinstance(cluster_id, int)):
@@ -187,7 +188,7 @@ class EtcdTokenSource:
     # Internal ------------------------------------------------------------------
 
     def _deadline(self, timeout: float | None) -> float:
-        seconds = self.timeout if timeout is None else config.validate_seconds("timeout", timeout)
+        seconds = self.timeout if timeout is None else validated_seconds("timeout", timeout)
         return time.monotonic() + seconds
 
     def _after_fork(self) -> None:

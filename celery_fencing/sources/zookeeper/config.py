@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import re
 import threading
 import time
@@ -33,9 +32,7 @@ __all__ = [
     "parse_url",
     "validate_digest",
     "validate_hosts",
-    "validate_lock_delay",
     "validate_root",
-    "validate_seconds",
 ]
 
 _HOST_PORT = re.compile(r"^(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$")
@@ -60,18 +57,6 @@ def validate_root(root: object) -> str:
     if parts[0] == "zookeeper":
         raise FencingConfigurationError(f"ZooKeeper root {root!r} is inside /zookeeper, which ZooKeeper reserves")
     return stripped
-
-
-def validate_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise FencingConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def validate_lock_delay(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise FencingConfigurationError(f"lock_delay must be a number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 def validate_hosts(hosts: object, url: str | None = None) -> str:

@@ -20,6 +20,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 
 from ...exceptions import FencingConfigurationError
+from ...values import seconds
 from .calls import pipelined, request
 from .names import Layout
 from .session import Session
@@ -41,8 +42,7 @@ def prune_idle(
 
     Requests are pipelined, at most *window* in flight. Returns how many token znodes went.
     """
-    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not older_than >= 0:
-        raise FencingConfigurationError(f"older_than must be a number of seconds >= 0, got {older_than!r}")
+    seconds("older_than", older_than, zero=True)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise FencingConfigurationError(f"window must be a positive int, got {window!r}")
     deadline = session.deadline(timeout)

@@ -29,7 +29,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
 from ...exceptions import FencingConfigurationError, TokenUnavailableError
-from .config import validate_seconds
+from ...values import seconds as validated_seconds
 
 __all__ = ["HeldLease", "Session", "session_of"]
 
@@ -118,7 +118,7 @@ class Session:
             self._state_listeners.remove(callback)
 
     def deadline(self, timeout: float | None) -> float:
-        seconds = self.timeout if timeout is None else validate_seconds("timeout", timeout)
+        seconds = self.timeout if timeout is None else validated_seconds("timeout", timeout)
         return time.monotonic() + seconds
 
     def usable_client(self, resource: str | None) -> Any:

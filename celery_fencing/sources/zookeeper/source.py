@@ -25,6 +25,7 @@ from kazoo.client import KazooClient
 from ...blocks import DEFAULT_BLOCK_SIZE, SCALE_BITS, TokenBlock, validate_block_size
 from ...exceptions import FencingConfigurationError, TokenUnavailableError
 from ...token import FencingToken, validate_resource
+from ...values import seconds as validated_seconds
 from . import config
 from .calls import request
 from .config import ZooKeeperTLS
@@ -97,9 +98,9 @@ class ZooKeeperTokenSource:
             )
         self.hosts = config.validate_hosts(hosts) if hosts is not None else None
         self.root = config.validate_root(root)
-        self.timeout = config.validate_seconds("timeout", timeout)
-        self.session_timeout = config.validate_seconds("session_timeout", session_timeout)
-        self.lock_delay = config.validate_lock_delay(lock_delay)
+        self.timeout = validated_seconds("timeout", timeout)
+        self.session_timeout = validated_seconds("session_timeout", session_timeout)
+        self.lock_delay = validated_seconds("lock_delay", lock_delay, zero=True)
         #: Tokens one write reserves for :meth:`mint_in_block` (1: blocks are off).
         self.block_size = validate_block_size(block, maximum=2**SCALE_BITS)
         self._block = TokenBlock()
@@ -371,7 +372,7 @@ class ZooKeeperTokenSource:
         :raises FencingConfigurationError: *lock_delay* is negative or not a number.
         """
         validate_resource(resource)
-        delay = self.lock_delay if lock_delay is None else config.validate_lock_delay(lock_delay)
+        delay = self.lock_delay if lock_delay is None else validated_seconds("lock_delay", lock_delay, zero=True)
         deadline = self._session.deadline(timeout)
         client = self._session.usable_client(resource)
         lease = self._locks.acquire(client, resource, deadline, delay)
