@@ -17,18 +17,14 @@ Environment: ``FENCING_TEST_ZOOKEEPER_CLASSPATH`` (default: Debian's
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from . import processes
 from .processes import HOST, free_ports
+from .servers import ServerProcess
 
 __all__ = [
     "CLASSPATH",
@@ -46,7 +42,6 @@ JAVA = os.environ.get("FENCING_TEST_JAVA") or shutil.which("java") or "java"
 # Generous: other suites may run concurrently on a small machine, and a JVM cold
 # start competes with them for CPU.
 START_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0
 
 
 class ZooKeeperError(RuntimeError):
@@ -73,7 +68,7 @@ def four_letter_word(port: int, command: str = "srvr", *, host: str = HOST, time
         return ""
 
 
-class ZooKeeperNode:
+class ZooKeeperNode(ServerProcess):
     """One ZooKeeper JVM: its directory, ports and process.
 
     :param directory: holds ``conf/zoo.cfg``, ``data/`` and ``zookeeper.log``.
@@ -82,6 +77,8 @@ class ZooKeeperNode:
     :param server_id: the ``myid`` of a quorum member, ``None`` for standalone.
     :param classpath: the JVM's class path (default: :data:`CLASSPATH`, read at each launch).
     """
+
+    error = ZooKeeperError
 
     def __init__(
         self,
@@ -93,21 +90,21 @@ class ZooKeeperNode:
         heap: str = "128m",
         classpath: str | None = None,
     ) -> None:
-        self.directory = directory
+        super().__init__(directory, directory / "zookeeper.log")
         self.classpath = classpath
         self.client_port = client_port
         self.server_id = server_id
         self.heap = heap
         self.conf_dir = directory / "conf"
         self.data_dir = directory / "data"
-        self.log_path = directory / "zookeeper.log"
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.conf_dir / "zoo.cfg").write_text(config)
         if server_id is not None:
             (self.data_dir / "myid").write_text(f"{server_id}\n")
-        self.process: subprocess.Popen[bytes] | None = None
-        self.paused = False
+
+    def describe(self) -> str:
+        return f"ZooKeeper on port {self.client_port}"
 
     # Introspection ------------------------------------------------------------
 
@@ -115,15 +112,6 @@ class ZooKeeperNode:
     def hosts(self) -> str:
         """The ``host:port`` a client connects to."""
         return f"{HOST}:{self.client_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    @property
-    def running(self) -> bool:
-        """Whether the JVM process is alive (it may be paused)."""
-        return self.process is not None and self.process.poll() is None
 
     def mode(self, timeout: float = 2.0) -> str | None:
         """Return 'standalone', 'leader' or 'follower' while serving, else ``None``."""
@@ -137,128 +125,42 @@ class ZooKeeperNode:
     def serving(self) -> bool:
         return self.mode() is not None
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
     # Lifecycle ----------------------------------------------------------------
 
     def launch(self) -> None:
         """Start the JVM without waiting for it to serve (see :meth:`wait_serving`)."""
-        if self.running:
-            raise ZooKeeperError(f"ZooKeeper node on port {self.client_port} is already running")
-        command = [
-            *processes.PDEATHSIG,
-            JAVA,
-            f"-Xmx{self.heap}",
-            "-Xss512k",
-            # Fewer JIT and GC threads: the machine has 2 cores shared with other suites.
-            "-XX:+UseSerialGC",
-            "-XX:CICompilerCount=2",
-            "-Dzookeeper.admin.enableServer=false",
-            "-Dzookeeper.jmx.log4j.disable=true",
-            # A restart right after the first writes may find a log but no snapshot yet.
-            "-Dzookeeper.snapshot.trust.empty=true",
-            "-cp",
-            f"{self.conf_dir}:{self.classpath or CLASSPATH}",
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-            str(self.conf_dir / "zoo.cfg"),
-        ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it; closed right after fork
-        try:
-            self.process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                # Its own process group, so a terminal's Ctrl-C reaches pytest first
-                # and pytest's teardown stops the JVM in order.
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        self.paused = False
-        processes.register(self.process)
+        self._spawn(
+            [
+                JAVA,
+                f"-Xmx{self.heap}",
+                "-Xss512k",
+                # Fewer JIT and GC threads: the machine has 2 cores shared with other suites.
+                "-XX:+UseSerialGC",
+                "-XX:CICompilerCount=2",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                # A restart right after the first writes may find a log but no snapshot yet.
+                "-Dzookeeper.snapshot.trust.empty=true",
+                "-cp",
+                f"{self.conf_dir}:{self.classpath or CLASSPATH}",
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                str(self.conf_dir / "zoo.cfg"),
+            ]
+        )
 
     def wait_serving(self, timeout: float = START_TIMEOUT) -> None:
         """Poll ``srvr`` until the node serves requests, or raise :class:`ZooKeeperError`."""
-        deadline = time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            if not self.running:
-                raise ZooKeeperError(
-                    f"ZooKeeper on port {self.client_port} exited (rc={self._returncode()}):\n{self.log_tail()}"
-                )
-            if self.serving():
-                return
-            if time.monotonic() >= deadline:
-                raise ZooKeeperError(
-                    f"ZooKeeper on port {self.client_port} did not serve within {timeout}s:\n{self.log_tail()}"
-                )
-            time.sleep(delay)  # polling interval, not synchronisation: the loop re-checks
-            delay = min(delay * 1.5, 0.25)
+        self._wait_until(self.serving, timeout)
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the JVM and wait until it serves (a quorum member needs a quorum for that)."""
         self.launch()
         self.wait_serving(timeout)
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop gracefully (SIGTERM), escalating to SIGKILL; a no-op when not running."""
-        proc = self.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-                # A paused JVM handles SIGTERM only once it runs again.
-                proc.send_signal(signal.SIGCONT)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL the JVM (a crash: no shutdown hooks run)."""
-        proc = self.process
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(STOP_TIMEOUT)
-        self._forget()
-
     def restart(self, timeout: float = START_TIMEOUT) -> None:
         """Stop and start again with the same ports and data directory."""
         self.stop()
         self.start(timeout)
-
-    def pause(self) -> None:
-        """SIGSTOP the JVM: connections stay open but nothing answers (a partition, a GC pause)."""
-        if self.process is None or not self.running:
-            raise ZooKeeperError(f"ZooKeeper on port {self.client_port} is not running")
-        self.process.send_signal(signal.SIGSTOP)
-        self.paused = True
-
-    def resume(self) -> None:
-        """SIGCONT a paused JVM."""
-        if self.process is not None and self.running:
-            self.process.send_signal(signal.SIGCONT)
-        self.paused = False
-
-    def _returncode(self) -> int | None:
-        return self.process.returncode if self.process is not None else None
-
-    def _forget(self) -> None:
-        if self.process is not None:
-            processes.forget(self.process)
-        self.process = None
-        self.paused = False
 
     def __repr__(self) -> str:
         state = "paused" if self.paused else "running" if self.running else "stopped"
