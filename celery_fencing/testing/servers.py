@@ -1,4 +1,4 @@
-"""A throwaway server process: started with its log in a file, and signalled only by the pid it started.
+"""Throwaway server processes: started with their logs in files, and signalled only by the pids they started.
 
 The common part of the kit's ZooKeeper nodes and the test suite's etcd
 members (and any other server a test starts): the process runs under the
@@ -12,16 +12,21 @@ answers) and resume it. Subclasses say how to start it and when it serves.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from . import processes
 
-__all__ = ["STOP_TIMEOUT", "ServerProcess"]
+__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ServerGroup", "ServerProcess"]
+
+#: Seconds a start may take: generous, as other suites may share a small machine's cores.
+START_TIMEOUT = 60.0
 
 #: Seconds a stop waits for the process after SIGTERM (then SIGKILL), and a kill for it to go.
 STOP_TIMEOUT = 15.0
@@ -47,6 +52,14 @@ class ServerProcess:
     def describe(self) -> str:
         """How messages name this server (``"etcd m1"``, ``"ZooKeeper on port 2181"``)."""
         return type(self).__name__
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to serve (subclasses: :meth:`_spawn` their command)."""
+        raise NotImplementedError
+
+    def wait_serving(self, timeout: float = START_TIMEOUT) -> None:
+        """Return once the server answers; raise :attr:`error` if it exits or *timeout* passes."""
+        raise NotImplementedError
 
     @property
     def pid(self) -> int | None:
@@ -146,3 +159,129 @@ class ServerProcess:
     def __repr__(self) -> str:
         state = "paused" if self.paused else "running" if self.running else "stopped"
         return f"<{self.describe()} {state}>"
+
+
+Member = TypeVar("Member", bound=ServerProcess)
+Group = TypeVar("Group", bound="ServerGroup[Any]")
+
+
+class ServerGroup(Generic[Member]):
+    """Members that serve together under one leader (a ZooKeeper ensemble, an etcd cluster), in one directory.
+
+    A standalone server is a group of one whose member leads itself.
+    Subclasses make the members (:meth:`_make_members`, on fresh ports) and
+    say which one leads (:meth:`_leads`). A test may stop, kill, pause or
+    restart members; :meth:`ensure_serving` repairs the group for the next.
+
+    :param directory: where the members keep their files (default: a new
+        temporary directory, removed by :meth:`close`).
+    :param prefix: the temporary directory's name prefix.
+    """
+
+    error: ClassVar[type[Exception]] = RuntimeError
+
+    def __init__(self, directory: Path | None, prefix: str) -> None:
+        self._owns_dir = directory is None
+        self.directory = Path(tempfile.mkdtemp(prefix=prefix)) if directory is None else Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.members: list[Member] = []
+
+    def _make_members(self) -> list[Member]:
+        raise NotImplementedError
+
+    def _leads(self, member: Member) -> bool:
+        raise NotImplementedError
+
+    def _fresh(self) -> bool:
+        """Whether the members hold no data yet: only then may a start move them to other ports."""
+        return True
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start every member and wait until all serve under one leader; on fresh ports if one was taken meanwhile."""
+        fresh = self._fresh()
+        for attempt in range(3):
+            for member in self.members:
+                member.launch()
+            try:
+                self.wait_healthy(timeout)
+                return
+            except self.error:
+                # Ports are picked free, but another process may bind one before the member does.
+                bind_failed = any("address already in use" in m.log_tail(200).lower() for m in self.members)
+                for member in self.members:
+                    member.kill()
+                if not (fresh and bind_failed) or attempt == 2:
+                    raise
+                for member in self.members:
+                    shutil.rmtree(member.directory, ignore_errors=True)
+                self.members = self._make_members()
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> Member:
+        """Wait until every member serves and exactly one leads; return the leader."""
+        deadline = time.monotonic() + timeout
+        for member in self.members:
+            member.wait_serving(max(0.1, deadline - time.monotonic()))
+        return self.leader(timeout=max(0.1, deadline - time.monotonic()))
+
+    def leader(self, *, timeout: float = START_TIMEOUT, exclude: Member | None = None) -> Member:
+        """The member that leads, polling until exactly one does.
+
+        *exclude* skips a member (the leader just killed, which may still be
+        reported while it dies).
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            leaders = [member for member in self.members if member is not exclude and self._leads(member)]
+            if len(leaders) == 1:
+                return leaders[0]
+            if time.monotonic() >= deadline:
+                raise self.error(f"no single leader within {timeout}s: {self.members!r}")
+            time.sleep(delay)  # polling interval; the loop re-checks
+            delay = min(delay * 1.5, 0.25)
+
+    def kill_leader(self, *, timeout: float = START_TIMEOUT) -> Member:
+        """SIGKILL the leader and wait until the others elect a new one; return the killed member."""
+        old = self.leader(timeout=timeout)
+        old.kill()
+        self.leader(timeout=timeout, exclude=old)
+        return old
+
+    def ensure_serving(self, timeout: float = START_TIMEOUT) -> None:
+        """Resume paused members, start stopped ones, and wait for a healthy group."""
+        for member in self.members:
+            if member.paused:
+                member.resume()
+        for member in self.members:
+            if not member.running:
+                member.launch()
+        self.wait_healthy(timeout)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> None:
+        """Stop every member and start them again, on the same ports and data."""
+        for member in self.members:
+            member.stop()
+        for member in self.members:
+            member.launch()
+        self.wait_healthy(timeout)
+
+    def close(self) -> None:
+        """Stop every member and remove the directory (if this object created it)."""
+        for member in self.members:
+            member.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self: Group) -> Group:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.members!r}>"

@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 from .processes import HOST, free_ports
-from .servers import ServerProcess
+from .servers import START_TIMEOUT, ServerGroup, ServerProcess
 
 __all__ = [
     "CLASSPATH",
@@ -39,9 +38,6 @@ CLASSPATH = os.environ.get(
     "FENCING_TEST_ZOOKEEPER_CLASSPATH", "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 )
 JAVA = os.environ.get("FENCING_TEST_JAVA") or shutil.which("java") or "java"
-# Generous: other suites may run concurrently on a small machine, and a JVM cold
-# start competes with them for CPU.
-START_TIMEOUT = 60.0
 
 
 class ZooKeeperError(RuntimeError):
@@ -186,24 +182,7 @@ def _base_config(data_dir: Path, client_port: int, *, tick_time: int, force_sync
     ]
 
 
-def _bind_failed(node: ZooKeeperNode) -> bool:
-    return "Address already in use" in node.log_tail(200)
-
-
-class _Owner:
-    """A temporary directory this object removes on close (unless it was given one)."""
-
-    def __init__(self, directory: Path | None, prefix: str) -> None:
-        self._owns_dir = directory is None
-        self.directory = Path(tempfile.mkdtemp(prefix=prefix)) if directory is None else Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-
-    def _remove_dir(self) -> None:
-        if self._owns_dir:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-
-class ZooKeeperServer(_Owner):
+class ZooKeeperServer(ServerGroup[ZooKeeperNode]):
     """A standalone throwaway ZooKeeper server.
 
     ::
@@ -218,6 +197,8 @@ class ZooKeeperServer(_Owner):
     :param force_sync: fsync the transaction log on every commit (ZooKeeper's default).
     """
 
+    error = ZooKeeperError
+
     def __init__(
         self,
         directory: Path | None = None,
@@ -230,12 +211,25 @@ class ZooKeeperServer(_Owner):
         self.tick_time = tick_time
         self.force_sync = force_sync
         self.heap = heap
-        self.node = self._make_node(free_ports(1)[0])
+        self.members = self._make_members()
+
+    def _make_members(self) -> list[ZooKeeperNode]:
+        return [self._make_node(free_ports(1)[0])]
 
     def _make_node(self, port: int) -> ZooKeeperNode:
         directory = self.directory / "node"
         config = _base_config(directory / "data", port, tick_time=self.tick_time, force_sync=self.force_sync)
         return ZooKeeperNode(directory, port, "\n".join(config) + "\n", heap=self.heap)
+
+    def _leads(self, member: ZooKeeperNode) -> bool:
+        return member.serving()
+
+    def _fresh(self) -> bool:
+        return not (self.node.data_dir / "version-2").exists()
+
+    @property
+    def node(self) -> ZooKeeperNode:
+        return self.members[0]
 
     @property
     def hosts(self) -> str:
@@ -250,28 +244,11 @@ class ZooKeeperServer(_Owner):
         query = "&".join(f"{key}={value}" for key, value in params.items())
         return f"zookeeper://{self.hosts}{root}" + (f"?{query}" if query else "")
 
-    def start(self, timeout: float = START_TIMEOUT) -> None:
-        """Start and wait until it serves; on first start, retry on a port another process took."""
-        first_start = not (self.node.data_dir / "version-2").exists()
-        for attempt in range(3):
-            self.node.launch()
-            try:
-                self.node.wait_serving(timeout)
-                return
-            except ZooKeeperError:
-                self.node.kill()
-                if not (first_start and _bind_failed(self.node)) or attempt == 2:
-                    raise
-                self.node = self._make_node(free_ports(1)[0])
-
     def stop(self) -> None:
         self.node.stop()
 
     def kill(self) -> None:
         self.node.kill()
-
-    def restart(self, timeout: float = START_TIMEOUT) -> None:
-        self.node.restart(timeout)
 
     def pause(self) -> None:
         self.node.pause()
@@ -282,31 +259,6 @@ class ZooKeeperServer(_Owner):
     @property
     def running(self) -> bool:
         return self.node.running
-
-    def ensure_serving(self, timeout: float = START_TIMEOUT) -> None:
-        """Resume or start the server if a test left it paused or stopped."""
-        if self.node.paused:
-            self.node.resume()
-        if not self.node.running:
-            self.node.start(timeout)
-        else:
-            self.node.wait_serving(timeout)
-
-    def close(self) -> None:
-        """Stop the server and remove its directory (if this object created it)."""
-        self.node.stop()
-        self._remove_dir()
-
-    def __enter__(self) -> ZooKeeperServer:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<ZooKeeperServer {self.hosts} {self.node!r}>"
