@@ -191,6 +191,7 @@ class Figures:
     unanswered: int = 0
     unknown_outcomes: int = 0
     unknown_committed: int = 0
+    reminted: int = 0
     unobserved_writes: int = 0
     results_dropped: int = 0
     final_value: int = 0
@@ -267,6 +268,7 @@ class _Execution:
     start: float
     end: float
     kinds: set[str]
+    pid: object = None
 
 
 def _executions(events: Iterable[dict[str, Any]]) -> dict[tuple[str, int], _Execution]:
@@ -278,7 +280,9 @@ def _executions(events: Iterable[dict[str, Any]]) -> dict[tuple[str, int], _Exec
         key = (event["task"], int(token))
         execution = found.get(key)
         if execution is None:
-            found[key] = _Execution(event["task"], int(token), event.get("resource", ""), event["t"], event["t"], set())
+            found[key] = _Execution(
+                event["task"], int(token), event.get("resource", ""), event["t"], event["t"], set(), event.get("pid")
+            )
             execution = found[key]
         execution.start = min(execution.start, event["t"])
         execution.end = max(execution.end, event["t"])
@@ -399,7 +403,17 @@ def _unanswered(events: Sequence[dict[str, Any]], fig: Figures) -> None:
 
 
 def _unknown(executions: dict[tuple[str, int], _Execution], accepted: set[tuple[str, int]], fig: Figures) -> None:
+    # A token minted and then nothing, followed by another mint of the same task in the same process:
+    # the library drew a fresh token before its claim (a block's token refused, or one below a
+    # store's floor). That token was never used: not an unknown outcome.
+    mints: dict[tuple[str, object], list[float]] = {}
+    for execution in executions.values():
+        mints.setdefault((execution.task, execution.pid), []).append(execution.start)
     for key, execution in executions.items():
+        later = [start for start in mints[(execution.task, execution.pid)] if start > execution.start]
+        if execution.kinds == {"minted"} and later:
+            fig.reminted += 1
+            continue
         if "unknown" in execution.kinds or not execution.kinds & TERMINAL:
             fig.unknown_outcomes += 1
             if key in accepted:
@@ -514,6 +528,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("missing", "tasks never applied"),
     ("unanswered", "rejections/errors with no retry"),
     ("unknown_outcomes", "unknown outcomes (resolved committed)"),
+    ("reminted", "tokens re-minted fresh before their claim"),
     ("results_dropped", "stale results dropped by the backend"),
     ("final_value", "final value (sum of balances)"),
     ("accepted_writes", "accepted writes"),

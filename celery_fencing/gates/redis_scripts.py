@@ -363,6 +363,17 @@ return 1
 """
 )
 
+# The start of the claim and seal scripts (KEYS[1] fence hash, KEYS[2] floor key; ARGV[1] token,
+# ARGV[2] resource, ARGV[4] grantor id): the floor first, then the fence hash's state, owned by
+# the token's resource or by none.
+_RESULT_STATE = """\
+local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
+if below then return redis.error_reply(below) end
+local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
+local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
+if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
+"""
+
 CLAIM_RESULT_SCRIPT = (
     """\
 -- Raise a result's mark when a fenced execution starts.
@@ -373,12 +384,8 @@ CLAIM_RESULT_SCRIPT = (
 --   superseded (the task was sealed: it is done), stale
 """
     + FENCE_FUNCTION
+    + _RESULT_STATE
     + """\
-local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
-if below then return redis.error_reply(below) end
-local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
-local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
-if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
 local refused = fence(mark, grantor, done, ARGV[1], ARGV[4], '-', KEYS[1])
 if refused then return redis.error_reply(refused) end
 redis.call('HSET', KEYS[1], 'mark', ARGV[1], 'resource', ARGV[2])
@@ -402,12 +409,8 @@ SEAL_RESULT_SCRIPT = (
 --   owner, grantor, applied (another execution sealed first)
 """
     + FENCE_FUNCTION
+    + _RESULT_STATE
     + """\
-local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
-if below then return redis.error_reply(below) end
-local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
-local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
-if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end
 local refused = fence(false, grantor, done, ARGV[1], ARGV[4], ARGV[5], KEYS[1])
 if refused then return redis.error_reply(refused) end
 if done == ARGV[5] then return 1 end

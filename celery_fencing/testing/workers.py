@@ -20,14 +20,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import processes
 from .events import FencingEvents
 from .launcher import SETTINGS_ENV_VAR
 from .pause import PausePoints
 
-__all__ = ["FencedWorker", "fencing_flags"]
+__all__ = ["FencedWorker", "WorkerProcess", "fencing_flags"]
+
+_W = TypeVar("_W", bound="WorkerProcess")
 
 
 def fencing_flags(fencing: Mapping[str, object]) -> list[str]:
@@ -55,7 +57,132 @@ def fencing_flags(fencing: Mapping[str, object]) -> list[str]:
     return flags
 
 
-class FencedWorker:
+class WorkerProcess:
+    """A ``celery worker`` process a test started: its log in a file, a process group of its own.
+
+    It runs under the parent-death signal and is registered for the exit
+    hook, so it never outlives the test run (see :mod:`.processes`). A test
+    can stop it warmly or kill it (the whole group: the pool's children too).
+
+    :param args: the command line (``sys.executable -m celery ...``).
+    :param name: how messages name it.
+    :param log_path: where its stdout and stderr go (appended across restarts).
+    :param env: its whole environment.
+    :param cwd: its working directory (default: the test's).
+    """
+
+    def __init__(
+        self, args: Sequence[str], *, name: str, log_path: Path, env: Mapping[str, str], cwd: Path | None = None
+    ) -> None:
+        self.args = list(args)
+        self.name = name
+        self.log_path = log_path
+        self.env = dict(env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self: _W, timeout: float = 60.0) -> _W:
+        """Start the process and wait until the worker logs that it is ready; return self.
+
+        :raises AssertionError: when it exits first or is not ready within *timeout* seconds
+            (with the end of its log).
+        """
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready (then :meth:`wait_ready`).
+
+        Call it from a long-lived thread: the parent-death signal fires when
+        the thread that started the process exits.
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*processes.PDEATHSIG, *self.args],
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        processes.register(self.proc)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the launched worker logs that it is ready (see :meth:`start`)."""
+        processes.wait_for(self._ready, timeout, f"worker {self.name} to be ready (log: {self.log_path})")
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+        return " ready." in self.log()
+
+    def log(self) -> str:
+        """The worker's log so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        """The pid of the worker's main process (the ``pid`` of its events and pause arrivals with ``solo``)."""
+        if self.proc is None:
+            raise RuntimeError(f"worker {self.name} was not started")
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pool_pids(self) -> list[int]:
+        """The prefork pool's child processes (empty for solo and threads)."""
+        return processes.children_of(self.pid)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL of the whole process group if it does not end in *timeout* s."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGCONT)  # a frozen worker cannot act on SIGTERM
+                os.kill(self.pid, signal.SIGTERM)
+                proc.wait(timeout)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        self._kill_group()
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker at once (a crash: no task is acknowledged)."""
+        if self.proc is not None:
+            self._kill_group()
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        processes.forget(self.proc)
+
+    def __enter__(self: _W) -> _W:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<{type(self).__name__} {self.name} {state}>"
+
+
+class FencedWorker(WorkerProcess):
     """One ``celery -A <app> worker`` process of the user's app, for a test.
 
     :param app: what ``celery -A`` takes (``"proj.celery"`` or ``"proj.celery:app"``).
@@ -89,12 +216,10 @@ class FencedWorker:
         extra_args: Sequence[str] = (),
     ) -> None:
         self.app = app
-        self.name = name
-        self.log_path = Path(log_dir) / f"{name}.log"
         options = dict(fencing or {})
         if source is not None:
             options["fencing_source"] = source
-        self.args = [
+        args = [
             sys.executable,
             "-m",
             "celery_fencing.testing.launcher",
@@ -116,60 +241,12 @@ class FencedWorker:
             *fencing_flags(options),
             *extra_args,
         ]
-        self.env: dict[str, str] = {**os.environ, SETTINGS_ENV_VAR: json.dumps(dict(settings or {}))}
+        environment: dict[str, str] = {**os.environ, SETTINGS_ENV_VAR: json.dumps(dict(settings or {}))}
         # The test's working directory on the path, as `celery -A` run there would have it.
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         for extra in (pause_points.env if pause_points else {}, events.env if events else {}, env or {}):
-            self.env.update(extra)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> FencedWorker:
-        """Start the process and wait until the worker logs that it is ready; return self.
-
-        :raises AssertionError: when it exits first or is not ready within *timeout* seconds
-            (with the end of its log).
-        """
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*processes.PDEATHSIG, *self.args],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        processes.register(self.proc)
-        processes.wait_for(self._ready, timeout, f"worker {self.name} to be ready (log: {self.log_path})")
-        return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-        return " ready." in self.log()
-
-    def log(self) -> str:
-        """The worker's log so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    @property
-    def pid(self) -> int:
-        """The pid of the worker's main process (the ``pid`` of its events and pause arrivals with ``solo``)."""
-        if self.proc is None:
-            raise RuntimeError(f"worker {self.name} was not started")
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def pool_pids(self) -> list[int]:
-        """The prefork pool's child processes (empty for solo and threads)."""
-        return processes.children_of(self.pid)
+            environment.update(extra)
+        super().__init__(args, name=name, log_path=Path(log_dir) / f"{name}.log", env=environment)
 
     def freeze(self) -> None:
         """SIGSTOP the whole worker (main process and pool children), and wait until the kernel shows it stopped.
@@ -185,41 +262,6 @@ class FencedWorker:
     def thaw(self) -> None:
         """SIGCONT the whole worker after :meth:`freeze`."""
         os.killpg(self.pid, signal.SIGCONT)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the whole process group if it does not end in *timeout* s."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGCONT)  # a frozen worker cannot act on SIGTERM
-                os.kill(self.pid, signal.SIGTERM)
-                proc.wait(timeout)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                pass
-        self._kill_group()
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker at once (a crash: no task is acknowledged)."""
-        if self.proc is not None:
-            self._kill_group()
-
-    def _kill_group(self) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        processes.forget(self.proc)
-
-    def __enter__(self) -> FencedWorker:
-        return self.start() if self.proc is None else self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

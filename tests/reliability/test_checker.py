@@ -253,6 +253,22 @@ def test_newest_execution_resumes_past_the_store_already_applied() -> None:
     assert fig.unknown_outcomes == 1 and fig.unknown_committed == 1
 
 
+def test_token_re_minted_before_its_claim_is_no_unknown_outcome() -> None:
+    """A token minted and then nothing, then a fresh mint of the task in the same process: re-minted, not unknown."""
+    b = Build()
+    b.submit("a")
+    b.ev("minted", "a", 3, pid=7)  # a block's token, refused at the claim: the library mints fresh
+    b.ev("minted", "a", 9, pid=7)
+    b.ev("invoke", "a", 9, pid=7)
+    b.ev("ok", "a", 9, pid=7)
+    fig = check(b.observe())
+    assert fig.reminted == 1 and fig.unknown_outcomes == 0
+    # Another process's later mint (a re-delivered copy) does not explain a token: that one is unknown.
+    b.ev("minted", "a", 2, pid=8)
+    b.ev("minted", "a", 10, pid=9)
+    assert check(b.observe()).unknown_outcomes >= 1
+
+
 def test_killed_execution_is_an_unknown_outcome() -> None:
     """An execution with no outcome event at all (killed) counts as unknown; not committed here."""
     b = sequential(1)

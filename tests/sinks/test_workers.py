@@ -95,10 +95,13 @@ class World:
 
         def boot(worker: WorkerProcess) -> None:
             try:
-                worker.start()
+                worker.wait_ready()
             except BaseException as exc:
                 errors.append(exc)
 
+        # Launched from this (long-lived) thread: a worker dies with the thread that started it.
+        for worker in started:
+            worker.launch()
         threads = [threading.Thread(target=boot, args=(worker,)) for worker in started]
         for thread in threads:
             thread.start()
