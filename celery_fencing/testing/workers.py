@@ -27,9 +27,24 @@ from .events import FencingEvents
 from .launcher import SETTINGS_ENV_VAR
 from .pause import PausePoints
 
-__all__ = ["FencedWorker", "WorkerProcess", "fencing_flags"]
+__all__ = ["FencedWorker", "WorkerProcess", "fencing_flags", "worker_options"]
 
 _W = TypeVar("_W", bound="WorkerProcess")
+
+
+def worker_options(pool: str, concurrency: int) -> list[str]:
+    """``celery worker`` options of a test worker: its pool, and none of the cluster chatter a test has no use for."""
+    return [
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
 
 
 def fencing_flags(fencing: Mapping[str, object]) -> list[str]:
@@ -228,15 +243,7 @@ class FencedWorker(WorkerProcess):
             # Unique on a shared broker: two workers of one node name share RabbitMQ's exclusive
             # pidbox queue, and the second one dies at start (RESOURCE_LOCKED).
             f"{name}-{uuid.uuid4().hex[:8]}@%h",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
+            *worker_options(pool, concurrency),
             *(["-Q", queue] if queue else []),
             *fencing_flags(options),
             *extra_args,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from celery_fencing.testing.processes import process_state, wait_for
 from celery_fencing.testing.workers import WorkerProcess as KitWorkerProcess
+from celery_fencing.testing.workers import worker_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,15 +46,7 @@ class WorkerProcess(KitWorkerProcess):
             f"{name}.{queue}@%h",  # unique on a shared RabbitMQ: one node name, one exclusive pidbox queue
             "-Q",
             queue,
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
+            *worker_options(pool, concurrency),
             *extra_args,
         ]
         # The checkout first, then what the test process was given (a worker imports what the test does).
