@@ -63,6 +63,13 @@ when a message is restored, so every delivery of one message shares it; the
 dropped copy's ack removes the newer copy's entry too, and if the newer copy
 then dies nothing brings the message back.
 
+A design the library does not use (yet): ``Protocol.skip_claim`` lets the
+first delivery of a task fenced on its own id go from its mint straight to its
+write, as the broker's ``redelivered`` flag tells it (``first``), or every
+delivery of the task's first message, for a broker that never flags a
+re-delivery (``unflagged``). The records at the write are what keeps such a
+task applied once; the tests explore both.
+
 The properties, checked in every reachable state:
 * **at most once**: no task's effect is applied twice;
 * **no task lost**: in every final state (nothing left to do: every message
@@ -80,8 +87,8 @@ __all__ = ["Config", "Protocol", "Result", "explore"]
 
 # Program counters of an execution.
 MINT, MINT_FRESH, CLAIM, WRITE, ACK, DEFER = "mint", "mint-fresh", "claim", "write", "ack", "defer"
-# Broker states of a task's message.
-READY, INFLIGHT, ACKED = "ready", "in-flight", "acked"
+# Broker states of a task's message: AGAIN is READY after a delivery (the broker marks it redelivered).
+READY, AGAIN, INFLIGHT, ACKED = "ready", "again", "in-flight", "acked"
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,11 @@ class Protocol:
     ignore_refused_claim: bool = False
     #: Write and check exactly-once records (off: the control for "at most once").
     exactly_once: bool = True
+    #: Which executions of a task fenced on its own id go from the mint straight to the write,
+    #: without a claim: "never" (the library), "first" (the first delivery of the task's first
+    #: message, as the broker's redelivered flag tells it), "unflagged" (every delivery of the
+    #: first message: a broker that never flags a re-delivery).
+    skip_claim: str = "never"
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ class Result:
 # State, as nested tuples (hashable, cheap to copy):
 #   (blocks_handed_out, procs, marks, applied, effects, broker, copies, crashes_left, redeliveries_left)
 #   proc       = (block, used, execution or None)
-#   execution  = (task, message, copy, token, fresh, pc)
+#   execution  = (task, message, copy, token, fresh, pc, skips_claim)
 #   broker[t]  = the states of task t's messages, READY | INFLIGHT | ACKED, by delivery tag
 #   copies[t]  = deliveries of task t so far (each delivery is an execution with its own id)
 State = tuple
@@ -173,10 +185,12 @@ def successors(state: State, config: Config, protocol: Protocol) -> Iterator[tup
         if ex is None:
             for t, messages in enumerate(broker):
                 for m, status in enumerate(messages):
-                    if status != READY:
+                    if status not in (READY, AGAIN):
                         continue
                     copy = copies[t] + 1
-                    new_ex = (t, m, copy, 0, False, MINT)
+                    first = m == 0 and (status == READY or protocol.skip_claim == "unflagged")
+                    skips = protocol.skip_claim != "never" and first and protocol.exactly_once
+                    new_ex = (t, m, copy, 0, False, MINT, skips and config.own_resource(t))
                     yield (
                         f"p{p} takes task {t} (message {m}, execution {copy})",
                         (
@@ -214,7 +228,7 @@ def successors(state: State, config: Config, protocol: Protocol) -> Iterator[tup
             if status != INFLIGHT:
                 continue
             held = any(ex is not None and ex[0] == t and ex[1] == m for _, _, ex in procs)
-            again = _set_message(broker, t, m, READY)
+            again = _set_message(broker, t, m, AGAIN)
             if not held:
                 # Its holder crashed: the visibility timeout (or the cut connection) brings it back.
                 yield (
@@ -234,7 +248,7 @@ def _step(
     """The next step of process *p*'s execution."""
     blocks, procs, marks, applied, effects, broker, copies, crashes, redeliveries = state
     block, used, ex = procs[p]
-    task, message, copy, token, fresh, pc = ex
+    task, message, copy, token, fresh, pc, skips_claim = ex
     r = names.index(config.resources[task])
 
     def moved(new_block: int, new_used: int, new_ex: tuple | None, **changes: object) -> State:
@@ -251,19 +265,21 @@ def _step(
         )
 
     def to(pc_next: str, new_token: int = token, new_fresh: bool = fresh) -> tuple:
-        return (task, message, copy, new_token, new_fresh, pc_next)
+        return (task, message, copy, new_token, new_fresh, pc_next, skips_claim)
 
     if pc in (MINT, MINT_FRESH):
+        # A first delivery that skips its claim goes from its mint to its write.
+        after = WRITE if skips_claim and pc == MINT else CLAIM
         if pc == MINT and block and used < k:
             value = block * k + used
-            yield f"p{p} mints {value} from its block {block}", moved(block, used + 1, to(CLAIM, value, False))
+            yield f"p{p} mints {value} from its block {block}", moved(block, used + 1, to(after, value, False))
         elif blocks < config.max_blocks:
             # A new block: above every token minted before it, so a refusal of its token is news.
             new_block = blocks + 1
             value = new_block * k
             yield (
                 f"p{p} reserves block {new_block}, mints {value}",
-                moved(new_block, 1, to(CLAIM, value, True), blocks=new_block),
+                moved(new_block, 1, to(after, value, True), blocks=new_block),
             )
         # else: the bound of the search; no successor, and the state is counted as cut off.
     elif pc == CLAIM:

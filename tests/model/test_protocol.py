@@ -72,3 +72,28 @@ def test_without_exactly_once_records_a_redelivered_task_applies_twice() -> None
     result = explore(Config(block_size=2), Protocol(exactly_once=False))
     assert result.applied_twice
     assert "re-delivered" in " | ".join(result.applied_twice)
+
+
+@pytest.mark.parametrize(
+    ("config", "skip"),
+    [
+        (Config(block_size=2), "first"),
+        (Config(block_size=3, max_blocks=5), "first"),
+        (Config(block_size=2), "unflagged"),
+    ],
+    ids=["blocks-of-2", "blocks-of-3", "blocks-of-2-unflagged"],
+)
+def test_first_delivery_without_a_claim_still_applies_every_task_once(config: Config, skip: str) -> None:
+    """A design not in the library yet (issue 15): a first delivery of a task fenced on its own id skips its claim.
+
+    The records at the write keep every task applied exactly once, also when
+    the broker never flags a re-delivery (``unflagged``: every delivery of
+    the task's message skips its claim). The claim is most of what a fenced
+    task costs per execution; see docs/performance.md for what else the claim
+    does that a change would have to keep.
+    """
+    result = explore(config, Protocol(skip_claim=skip))
+    assert result.final > 100, "the search should reach many final states"
+    assert not result.lost, " | ".join(result.lost)
+    assert not result.applied_twice, " | ".join(result.applied_twice)
+    assert result.states != explore(config, FIXED).states, "skipping the claim must change what the search explores"
