@@ -116,7 +116,7 @@ class Scenario:
         self.redis.close()
 
 
-@pytest.fixture(scope="module", params=["solo", "prefork", "threads", "gevent"])
+@pytest.fixture(scope="module", params=["solo", "prefork", "threads", "gevent", "eventlet"])
 def pooled_worker(
     request: pytest.FixtureRequest, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Scenario]:

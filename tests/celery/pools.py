@@ -19,7 +19,7 @@ def start_pool_worker(scenario: Scenario, name: str, pool: str, concurrency: int
     fenced or not (40 tasks on 2 greenlets took 38 s); a multiplier of 4 keeps
     the worker busy (0.5 s).
     """
-    if pool == "gevent":
+    if pool in ("gevent", "eventlet"):
         conf = json.loads(scenario.env.get("FT_CONF", "{}"))
         scenario.env["FT_CONF"] = json.dumps({"worker_prefetch_multiplier": 4, **conf})
     return scenario.worker(name, pool=pool, concurrency=concurrency)

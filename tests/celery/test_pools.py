@@ -1,10 +1,11 @@
-"""Fenced tasks on the pools that run several executions in one process: gevent and threads.
+"""Fenced tasks on the pools that run several executions in one process: gevent, eventlet and threads.
 
 A prefork child runs one task at a time; a gevent or threads worker runs its
 executions side by side in one process, sharing its token source and gates.
 Each execution must see its own token throughout: the current token is a
 context variable, one per greenlet and one per thread. The token test mints
-from ZooKeeper (kazoo's threading handler, under gevent's monkey-patching);
+from ZooKeeper (kazoo's threading handler, under gevent's monkey-patching),
+and from the SQLite source on eventlet, under which kazoo does not work;
 the read-modify-write suite (test_read_modify_write.py) runs its safety test
 and its negative control on these pools with the SQLite source.
 """
@@ -31,12 +32,15 @@ def _echo_tokens(scenario: Scenario, prefix: str) -> dict[str, dict[str, Any]]:
     return {name: result.get(timeout=60) for name, result in results.items()}
 
 
-@pytest.mark.parametrize("pool", IN_PROCESS_POOLS)
+@pytest.mark.parametrize("pool", [*IN_PROCESS_POOLS, "eventlet"])
 def test_concurrent_executions_keep_their_own_token(
-    scenario: Scenario, zookeeper_server: ZooKeeperServer, pool: str
+    scenario: Scenario, request: pytest.FixtureRequest, pool: str
 ) -> None:
     """Executions side by side in one process each see their own token, before and after a switch."""
-    scenario.env.update(FT_SOURCE=zookeeper_server.url(f"/fencing-{scenario.name}"), FT_THINK="0.05")
+    scenario.env["FT_THINK"] = "0.05"
+    if pool != "eventlet":  # kazoo does not work under eventlet (docs/celery.md): eventlet keeps the SQLite source
+        server: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+        scenario.env["FT_SOURCE"] = server.url(f"/fencing-{scenario.name}")
     start_pool_worker(scenario, "w", pool, CONCURRENCY)
     echoes = _echo_tokens(scenario, "n")
     for name, echo in echoes.items():

@@ -4,9 +4,10 @@ Two workers (concurrency 2 each) run deposit tasks on one account while a
 nemesis SIGSTOPs random processes that run them. With fencing, the final
 balance is the exact sum of the deposits; without (the negative control, same
 schedule), updates are lost. Both are asserted on prefork workers (the nemesis
-pauses pool children), on the Redis broker and on RabbitMQ, and on gevent and
-threads workers on the Redis broker (the nemesis pauses a whole worker: its
-two executions stop together, each mid-way and holding its own token).
+pauses pool children), on the Redis broker and on RabbitMQ, and on gevent,
+threads and solo workers on the Redis broker (the nemesis pauses a whole
+worker: a gevent or threads worker's two executions stop together, each
+mid-way and holding its own token).
 
 With re-delivery (a one-second visibility timeout and pauses longer than it),
 messages run again while their first execution is paused: fencing with
@@ -55,8 +56,16 @@ def _rejections(scenario: Scenario) -> dict[str, int]:
     return counts
 
 
-# (broker, pool): prefork on both brokers; gevent and threads on Redis.
-WORLDS = [("redis", "prefork"), ("rabbitmq", "prefork"), ("redis", "gevent"), ("redis", "threads")]
+# (broker, pool): prefork on both brokers; gevent, threads and solo on Redis (two solo workers
+# run one deposit each at a time: the race is between the workers).
+WORLDS = [
+    ("redis", "prefork"),
+    ("rabbitmq", "prefork"),
+    ("redis", "gevent"),
+    ("redis", "eventlet"),
+    ("redis", "threads"),
+    ("redis", "solo"),
+]
 
 
 @pytest.fixture(params=WORLDS, ids=["-".join(world) for world in WORLDS])
