@@ -96,3 +96,58 @@ def test_module_level_imports_go_down_the_layers() -> None:
         for target, at_import in _imports(path):
             if at_import and target.startswith("celery_fencing.") and target != "celery_fencing":
                 assert _layer(target) <= mine, f"{_name(path)} (layer {mine}) imports {target} (layer {_layer(target)})"
+
+
+def _module_graph(roots: list[Path]) -> dict[str, set[str]]:
+    """Each module of *roots* and the modules of *roots* it imports when it is imported.
+
+    Module level only (an import inside a function runs later, and one under
+    ``if TYPE_CHECKING`` never); ``from package import module`` depends on
+    the module, and on the package only for a name the package defines.
+    """
+    paths = {_name(p): p for root in roots for p in root.rglob("*.py") if "migrations" not in p.parts}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        statements: list[ast.stmt] = []
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            statements += node.body if isinstance(node, ast.If) else [node]
+        targets: set[str] = set()
+        for node in statements:
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join([*base, node.module] if node.module else base)
+                submodules = {f"{module}.{alias.name}" for alias in node.names} & set(paths)
+                targets.update(submodules)
+                if len(submodules) < len(node.names):
+                    targets.add(module)
+        graph[name] = set()
+        for target in targets:
+            while target and target not in paths:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def test_no_import_cycle() -> None:
+    """No module of the package, reliability/ or benchmarks/ imports, at import time, one that imports it back."""
+    graph = _module_graph([PACKAGE, ROOT / "reliability", ROOT / "benchmarks"])
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*path, module])
+        done.add(module)
+
+    assert len(graph) > 150, "the graph must cover the package"
+    for module in sorted(graph):
+        visit(module, [])
