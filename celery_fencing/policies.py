@@ -19,13 +19,12 @@ Example: retry five times with exponential backoff, then dead-letter::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from .exceptions import FencingConfigurationError, FencingError
-from .values import count, seconds
+from .values import count, number, seconds
 
 __all__ = [
     "POLICY_NAMES",
@@ -129,9 +128,7 @@ class ExponentialBackoff:
     def __post_init__(self) -> None:
         for name in ("initial", "maximum"):
             seconds(f"backoff {name}", getattr(self, name), zero=True)
-        factor = self.factor
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 1:
-            raise FencingConfigurationError(f"backoff factor must be a finite number >= 1, got {factor!r}")
+        number("backoff factor", self.factor, minimum=1)
         if not 0 <= self.jitter <= 1:
             raise FencingConfigurationError(f"backoff jitter must be within [0, 1], got {self.jitter!r}")
 

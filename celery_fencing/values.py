@@ -7,7 +7,7 @@ import numbers
 
 from .exceptions import FencingConfigurationError
 
-__all__ = ["count", "seconds"]
+__all__ = ["count", "number", "seconds"]
 
 
 def seconds(name: str, value: object, *, zero: bool = False, parse: bool = False) -> float:
@@ -23,6 +23,17 @@ def seconds(name: str, value: object, *, zero: bool = False, parse: bool = False
     if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not zero):
         raise FencingConfigurationError(f"{name} must be {bound}, not {value!r:.60}")
     return number
+
+
+def number(name: str, value: object, *, minimum: float = 0.0, parse: bool = False) -> float:
+    """*value* as a finite number at least *minimum* (a factor, a fraction), else raise (a bool never passes).
+
+    :raises FencingConfigurationError: naming *name* and the value.
+    """
+    found = _number(value, parse)
+    if found is None or not math.isfinite(found) or found < minimum:
+        raise FencingConfigurationError(f"{name} must be a finite number >= {minimum:g}, not {value!r:.60}")
+    return found
 
 
 def count(name: str, value: object, *, minimum: int = 0, parse: bool = False) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..exceptions import FencingConfigurationError
 from ..policies import POLICY_NAMES
-from ..values import count, seconds
+from ..values import count, number, seconds
 
 __all__ = ["SETTINGS", "FencingSettings", "Setting", "check_unknown_settings", "read_settings", "redelivery_horizon"]
 
@@ -37,17 +37,14 @@ def _non_negative_float(name: str, value: Any) -> float:
 
 
 def _fraction(name: str, value: Any) -> float:
-    number = seconds(name, value, zero=True, parse=True)
-    if number > 1:
+    fraction = number(name, value, parse=True)
+    if fraction > 1:
         raise FencingConfigurationError(f"{name} must be within [0, 1], not {value!r}")
-    return number
+    return fraction
 
 
 def _factor(name: str, value: Any) -> float:
-    number = seconds(name, value, parse=True)
-    if number < 1:
-        raise FencingConfigurationError(f"{name} must be >= 1, not {value!r}")
-    return number
+    return number(name, value, minimum=1, parse=True)
 
 
 def _count(name: str, value: Any) -> int:
