@@ -65,7 +65,7 @@ from ..policies import (
     decide,
     policy_from_setting,
 )
-from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms
+from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms, declares
 from ..token import FencingToken
 from . import signals
 from .claims import arm_stores, claim_stores, sealed_by_another
@@ -278,8 +278,9 @@ class FencedTask(Task):  # type: ignore[misc]
                 token = source.mint_in_block(resource, timeout=settings.timeout)
             else:
                 # A task id is never minted for again once its task is done: a source
-                # that can mint without keeping per-resource state (ZooKeeper) should.
-                transient = resource_is_task_id and conforms(source, TransientSource)
+                # that can mint without keeping per-resource state (ZooKeeper) should. Its
+                # own method only: one a wrapper forwards would skip the wrapper's mint.
+                transient = resource_is_task_id and declares(source, TransientSource)
                 token = (source.mint_transient if transient else source.mint)(resource, timeout=settings.timeout)
         except TokenUnavailableError as exc:
             self._fenced_out(exc, resource, resource_is_task_id, settings, phase="mint", unavailable=True)
