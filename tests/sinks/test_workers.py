@@ -229,15 +229,6 @@ def kill_the_holder(world: World, zookeeper: ZooKeeperServer, admin: KazooClient
     )
 
 
-@pytest.fixture
-def admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    yield client
-    client.stop()
-    client.close()
-
-
 def test_killed_holder_leaves_the_resource_ungrantable_for_the_delay(
     world_factory: Any, zookeeper_server: ZooKeeperServer, admin: KazooClient, rabbitmq_url: str
 ) -> None:

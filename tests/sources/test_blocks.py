@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -143,32 +143,6 @@ def test_bad_block_in_a_url_is_refused(tmp_path: Path, url: str) -> None:
 
 
 # ZooKeeper ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    yield client
-    client.stop()
-    client.close()
-
-
-@pytest.fixture
-def make_source(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[Callable[..., ZooKeeperTokenSource]]:
-    made: list[ZooKeeperTokenSource] = []
-
-    def make(**kwargs: object) -> ZooKeeperTokenSource:
-        kwargs.setdefault("root", f"/{unique_name}")
-        if "client" not in kwargs:
-            kwargs.setdefault("hosts", zookeeper_server.hosts)
-        source = ZooKeeperTokenSource(**kwargs)  # type: ignore[arg-type]
-        made.append(source)
-        return source
-
-    yield make
-    for source in made:
-        source.close()
 
 
 def test_zookeeper_block_is_one_write_for_a_thousand_tokens(

@@ -13,7 +13,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from kazoo.client import KazooClient
@@ -63,34 +63,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)  # polling interval; the predicate is re-checked
-
-
-@pytest.fixture
-def admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    """A plain kazoo client on the standalone server, to inspect and tamper with znodes."""
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    yield client
-    client.stop()
-    client.close()
-
-
-@pytest.fixture
-def make_source(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[Callable[..., ZooKeeperTokenSource]]:
-    """Build sources on the standalone server under this test's root; closed at the end."""
-    made: list[ZooKeeperTokenSource] = []
-
-    def make(**kwargs: object) -> ZooKeeperTokenSource:
-        kwargs.setdefault("root", f"/{unique_name}")
-        if "client" not in kwargs:
-            kwargs.setdefault("hosts", zookeeper_server.hosts)
-        source = ZooKeeperTokenSource(**kwargs)  # type: ignore[arg-type]
-        made.append(source)
-        return source
-
-    yield make
-    for source in made:
-        source.close()
 
 
 # Znode names ---------------------------------------------------------------------------
