@@ -20,17 +20,8 @@ def source(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[ZooK
         yield built
 
 
-@pytest.fixture
-def inspector(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    yield client
-    client.stop()
-    client.close()
-
-
 def test_mint_many_returns_the_zxid_of_each_resources_own_write_in_order(
-    source: ZooKeeperTokenSource, inspector: KazooClient
+    source: ZooKeeperTokenSource, admin: KazooClient
 ) -> None:
     """Each token of mint_many is its resource znode's mzxid, returned in the order the resources were named."""
     source.mint("old")
@@ -38,7 +29,7 @@ def test_mint_many_returns_the_zxid_of_each_resources_own_write_in_order(
     tokens = source.mint_many(resources)
     assert [token.resource for token in tokens] == resources
     for name in ("new/1", "new 2", "old"):
-        stat = inspector.exists(f"{source.root}/tokens/{resource_to_znode_name(name)}")
+        stat = admin.exists(f"{source.root}/tokens/{resource_to_znode_name(name)}")
         assert stat is not None
         assert max(token.value for token in tokens if token.resource == name) == stat.mzxid << SCALE_BITS
     assert tokens[0].value < tokens[3].value, "a resource named twice gets two tokens, the later one larger"
@@ -61,13 +52,11 @@ def test_mint_many_of_nothing_sends_nothing(source: ZooKeeperTokenSource) -> Non
     assert source.state == "NOT_STARTED"
 
 
-def test_mint_many_refuses_an_invalid_resource_before_sending(
-    source: ZooKeeperTokenSource, inspector: KazooClient
-) -> None:
+def test_mint_many_refuses_an_invalid_resource_before_sending(source: ZooKeeperTokenSource, admin: KazooClient) -> None:
     """One invalid resource name fails the whole batch with InvalidTokenError before any write."""
     with pytest.raises(InvalidTokenError):
         source.mint_many(["fine", ""])
-    assert inspector.exists(f"{source.root}/tokens/fine") is None
+    assert admin.exists(f"{source.root}/tokens/fine") is None
 
 
 def test_mint_many_times_out_when_the_server_does_not_answer(
@@ -86,7 +75,7 @@ def test_mint_many_times_out_when_the_server_does_not_answer(
 
 
 def test_prune_deletes_idle_znodes_and_later_tokens_still_exceed_earlier_ones(
-    source: ZooKeeperTokenSource, inspector: KazooClient
+    source: ZooKeeperTokenSource, admin: KazooClient
 ) -> None:
     """Pruned resources lose their znodes; minted again, they get tokens above every token minted before."""
     idle = [f"idle{n}" for n in range(20)]
@@ -96,9 +85,9 @@ def test_prune_deletes_idle_znodes_and_later_tokens_still_exceed_earlier_ones(
     time.sleep(1.2)
     fresh = source.mint("fresh")
     assert source.prune(older_than=1.0) == len(idle)
-    assert inspector.exists(f"{source.root}/tokens/idle3") is None
-    assert inspector.exists(f"{source.root}/locks/idle0") is None, "the empty lock directory went too"
-    assert inspector.exists(f"{source.root}/tokens/fresh") is not None, "a recently minted resource is kept"
+    assert admin.exists(f"{source.root}/tokens/idle3") is None
+    assert admin.exists(f"{source.root}/locks/idle0") is None, "the empty lock directory went too"
+    assert admin.exists(f"{source.root}/tokens/fresh") is not None, "a recently minted resource is kept"
     highest = max([token.value for token in before] + [leased.value, fresh.value])
     again = source.mint_many(idle)
     assert min(token.value for token in again) > highest
@@ -107,13 +96,13 @@ def test_prune_deletes_idle_znodes_and_later_tokens_still_exceed_earlier_ones(
         assert lease.token.value > highest
 
 
-def test_prune_keeps_a_lock_directory_with_a_holder(source: ZooKeeperTokenSource, inspector: KazooClient) -> None:
+def test_prune_keeps_a_lock_directory_with_a_holder(source: ZooKeeperTokenSource, admin: KazooClient) -> None:
     """A resource whose lease is held keeps its lock directory; the holder can still mint under it."""
     with source.lease("held") as lease:
         first = lease.token
         time.sleep(1.2)
         assert source.prune(older_than=1.0) == 1
-        assert inspector.exists(f"{source.root}/locks/held") is not None
+        assert admin.exists(f"{source.root}/locks/held") is not None
         assert lease.mint().value > first.value
         assert not lease.lost
 
@@ -128,14 +117,14 @@ def test_prune_of_an_empty_root_and_bad_arguments(source: ZooKeeperTokenSource) 
 
 
 def test_first_mint_in_a_process_falls_back_from_create_to_set_data(
-    source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, inspector: KazooClient
+    source: ZooKeeperTokenSource, zookeeper_server: ZooKeeperServer, admin: KazooClient
 ) -> None:
     """A source that never wrote a resource's znode tries create first; the znode existing, it writes setData."""
     first = source.mint("shared")
     with ZooKeeperTokenSource(zookeeper_server.hosts, root=source.root, timeout=10) as other:
         second = other.mint("shared")
         third, fourth = other.mint_many(["shared", "shared"])
-    stat = inspector.exists(f"{source.root}/tokens/shared")
+    stat = admin.exists(f"{source.root}/tokens/shared")
     assert stat is not None
     assert first.value == stat.czxid << SCALE_BITS < second.value < third.value < fourth.value
     assert fourth.value == stat.mzxid << SCALE_BITS
