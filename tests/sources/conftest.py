@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from celery_fencing.testing.servers import ServerGroup
 from tests.fixtures.etcd import EtcdCluster, EtcdServer
 from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
@@ -62,27 +64,7 @@ def zookeeper_harness(zookeeper_server: ZooKeeperServer, unique_name: str) -> It
 @pytest.fixture
 def zookeeper_ensemble_harness(zookeeper_ensemble: ZooKeeperEnsemble, unique_name: str) -> Iterator[SourceHarness]:
     """The 3-node ensemble; restart is kill -9 of the current leader, and minting goes on after re-election."""
-    harness = SourceHarness("zookeeper_ensemble", zookeeper_ensemble.url(f"/{unique_name}"))
-
-    def restart() -> None:
-        # The killed node stays down for the rest of the test: two of three keep quorum.
-        zookeeper_ensemble.kill_leader()
-
-    def make_unavailable() -> str:
-        # SIGSTOP every node: TCP connects still succeed but nothing ever answers,
-        # the partition case where a client without timeouts hangs forever.
-        for node in zookeeper_ensemble.nodes:
-            node.pause()
-        return harness.url
-
-    harness.restart = restart
-    harness.make_unavailable = make_unavailable
-    try:
-        yield harness
-    finally:
-        harness.close_all()
-        for node in zookeeper_ensemble.nodes:
-            node.resume()
+    yield from _quorum_harness("zookeeper_ensemble", zookeeper_ensemble, zookeeper_ensemble.url(f"/{unique_name}"))
 
 
 @pytest.fixture
@@ -104,15 +86,21 @@ def etcd_harness(etcd_server: EtcdServer, unique_name: str) -> Iterator[SourceHa
 @pytest.fixture
 def etcd_cluster_harness(etcd_cluster: EtcdCluster, unique_name: str) -> Iterator[SourceHarness]:
     """The 3-member cluster; restart is kill -9 of the current leader, and minting goes on after re-election."""
-    harness = SourceHarness("etcd_cluster", etcd_cluster.url(f"/{unique_name}"))
+    yield from _quorum_harness("etcd_cluster", etcd_cluster, etcd_cluster.url(f"/{unique_name}"))
+
+
+def _quorum_harness(name: str, group: ServerGroup[Any], url: str) -> Iterator[SourceHarness]:
+    """A harness on a 3-member group: restart kills the leader, unavailable pauses every member."""
+    harness = SourceHarness(name, url)
 
     def restart() -> None:
         # The killed member stays down for the rest of the test: two of three keep quorum.
-        etcd_cluster.kill_leader()
+        group.kill_leader()
 
     def make_unavailable() -> str:
-        # SIGSTOP every member: connects succeed, nothing ever answers.
-        for member in etcd_cluster.members:
+        # SIGSTOP every member: TCP connects still succeed but nothing ever answers,
+        # the partition case where a client without timeouts hangs forever.
+        for member in group.members:
             member.pause()
         return harness.url
 
@@ -122,5 +110,5 @@ def etcd_cluster_harness(etcd_cluster: EtcdCluster, unique_name: str) -> Iterato
         yield harness
     finally:
         harness.close_all()
-        for member in etcd_cluster.members:
+        for member in group.members:
             member.resume()
