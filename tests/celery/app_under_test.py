@@ -19,31 +19,17 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
 from celery_fencing import FencingToken, current_token
-from celery_fencing.celery import FencedTask, install
+from celery_fencing.celery import FencedTask
 from celery_fencing.celery.runtime import runtime_for
 from celery_fencing.testing.pause import pause_point
+from tests.worker_app import app_from_env, redelivery_from_env
 
 PREFIX = os.environ.get("FT_PREFIX", "ft")
-QUEUE = os.environ.get("FT_QUEUE", "celery")
 
-app = install(Celery("app_under_test", broker=os.environ.get("FT_BROKER"), backend=os.environ.get("FT_BACKEND")))
-app.conf.update(
-    task_default_queue=QUEUE,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
-    result_expires=600,
-    fencing_retry_countdown=0.05,
-    fencing_retry_max_delay=0.5,
-    fencing_retry_backoff_factor=1.5,
-    fencing_max_retries=int(os.environ.get("FT_MAX_RETRIES", "60")),
-)
-if os.environ.get("FT_SOURCE"):
-    app.conf.fencing_source = os.environ["FT_SOURCE"]
+app = app_from_env("app_under_test", fencing_max_retries=int(os.environ.get("FT_MAX_RETRIES", "60")))
 
 
 class BlocksPassedOffAsFresh:
@@ -77,14 +63,7 @@ if os.environ.get("FT_BLOCKS_PASSED_OFF_AS_FRESH"):
     app.conf.fencing_source = lambda: BlocksPassedOffAsFresh(os.environ["FT_SOURCE"])
 if os.environ.get("FT_CONF"):
     app.conf.update(json.loads(os.environ["FT_CONF"]))  # extra settings of one test
-if os.environ.get("FT_VISIBILITY_TIMEOUT"):
-    app.conf.broker_transport_options = {
-        **(app.conf.broker_transport_options or {}),  # FT_CONF's, e.g. unacked keys of the test's own
-        "visibility_timeout": float(os.environ["FT_VISIBILITY_TIMEOUT"]),
-        # kombu sweeps unacked messages every interval x throttle seconds (10 x 10 by default).
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-    }
+redelivery_from_env(app)  # over FT_CONF's transport options (a test's own unacked keys)
 
 
 def data() -> redis.Redis:

@@ -18,41 +18,20 @@ import urllib.request
 from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Task
 
-from celery_fencing.celery import FencedTask, install
+from celery_fencing.celery import FencedTask
 from celery_fencing.gates.http import ConditionalHTTPClient
 from celery_fencing.idempotency import idempotent
 from celery_fencing.idempotency.redis import RedisIdempotencyStore
+from tests.worker_app import app_from_env, redelivery_from_env
 
 PREFIX = os.environ.get("FT_PREFIX", "ft")
-QUEUE = os.environ.get("FT_QUEUE", "celery")
 SERVICE = os.environ.get("FT_SERVICE", "http://127.0.0.1:9")
 
-app = install(Celery("sinks_under_test", broker=os.environ.get("FT_BROKER"), backend=os.environ.get("FT_BACKEND")))
-app.conf.update(
-    task_default_queue=QUEUE,
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
-    result_expires=600,
-    # Generous: a lease waits for a dead holder's session to expire on a shared, loaded machine.
-    fencing_timeout=30,
-    fencing_retry_countdown=0.05,
-    fencing_retry_max_delay=0.5,
-    fencing_retry_backoff_factor=1.5,
-    fencing_max_retries=60,
-)
-if os.environ.get("FT_SOURCE"):
-    app.conf.fencing_source = os.environ["FT_SOURCE"]
-if os.environ.get("FT_VISIBILITY_TIMEOUT"):
-    app.conf.broker_transport_options = {
-        "visibility_timeout": float(os.environ["FT_VISIBILITY_TIMEOUT"]),
-        # kombu sweeps unacked messages every interval x throttle seconds (10 x 10 by default).
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-    }
+# fencing_timeout: generous, as a lease waits for a dead holder's session to expire on a loaded machine.
+app = app_from_env("sinks_under_test", fencing_timeout=30, fencing_max_retries=60)
+redelivery_from_env(app)
 
 _client: redis.Redis | None = None
 
