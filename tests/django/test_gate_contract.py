@@ -8,12 +8,9 @@ has a Django version below.
 
 from __future__ import annotations
 
-import multiprocessing
-from typing import Any
-
-from tests.gates.adapters import WriterReport
 from tests.gates.test_gate_contract import (
     _check_history,
+    appends_in_processes,
     test_bad_input_is_refused_and_changes_nothing,
     test_claim_race_loses_no_deposit,
     test_concurrent_threads_keep_the_mark_monotonic,
@@ -61,19 +58,4 @@ __all__ = [
 
 def test_concurrent_processes_keep_the_mark_monotonic(adapter: DjangoAdapter) -> None:
     """Processes with their own Django connections appending random tokens keep the same history rules."""
-    ctx = multiprocessing.get_context("spawn")
-    count = 3
-    barrier = ctx.Barrier(count)
-    queue: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=child_append, args=(adapter.alias, "hot", "log", 100 + n, 40, barrier, queue))
-        for n in range(count)
-    ]
-    for proc in procs:
-        proc.start()
-    results = [queue.get(timeout=120) for _ in procs]
-    for proc in procs:
-        proc.join(timeout=30)
-    assert all(isinstance(result, tuple) for result in results), results
-    reports = [WriterReport(accepted=list(acc), rejected=list(rej)) for acc, rej in results]
-    _check_history(adapter, "hot", "log", reports)
+    _check_history(adapter, "hot", "log", appends_in_processes(child_append, adapter.alias))

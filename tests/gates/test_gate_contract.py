@@ -264,23 +264,27 @@ def test_concurrent_threads_keep_the_mark_monotonic(adapter: GateAdapter) -> Non
     _check_history(adapter, "hot", "log", reports)
 
 
-def test_concurrent_processes_keep_the_mark_monotonic(adapter: GateAdapter) -> None:
-    """Processes with their own clients appending random tokens: the same history rules hold across processes."""
-    if not adapter.shared_across_processes:
-        pytest.skip("this gate keeps its state in one process")
+def appends_in_processes(child: Callable[..., None], store: object, count: int = 3) -> list[WriterReport]:
+    """*count* spawned processes each run ``child(store, "hot", "log", seed, 40, barrier, queue)``; their reports.
+
+    A child appends 40 random tokens to the key ``log`` of resource ``hot``
+    through its own client, starting together with the others at the barrier.
+    """
     ctx = multiprocessing.get_context("spawn")
-    count = 3
     barrier = ctx.Barrier(count)
     queue: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=child_append, args=(adapter.spec, "hot", "log", 100 + n, 40, barrier, queue))
-        for n in range(count)
-    ]
+    procs = [ctx.Process(target=child, args=(store, "hot", "log", 100 + n, 40, barrier, queue)) for n in range(count)]
     for proc in procs:
         proc.start()
     results = [queue.get(timeout=120) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
     assert all(isinstance(result, tuple) for result in results), results
-    reports = [WriterReport(accepted=list(acc), rejected=list(rej)) for acc, rej in results]
-    _check_history(adapter, "hot", "log", reports)
+    return [WriterReport(accepted=list(acc), rejected=list(rej)) for acc, rej in results]
+
+
+def test_concurrent_processes_keep_the_mark_monotonic(adapter: GateAdapter) -> None:
+    """Processes with their own clients appending random tokens: the same history rules hold across processes."""
+    if not adapter.shared_across_processes:
+        pytest.skip("this gate keeps its state in one process")
+    _check_history(adapter, "hot", "log", appends_in_processes(child_append, adapter.spec))
