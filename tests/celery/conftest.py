@@ -52,8 +52,10 @@ class Scenario:
                 }
         return self._client
 
-    def send(self, task: str, *args: Any, **kwargs: Any) -> Any:
-        return self.client.send_task(f"tests.celery.app_under_test.{task}", args=args, kwargs=kwargs, queue=self.name)
+    def send(self, task: str, *args: Any, task_id: str | None = None, **kwargs: Any) -> Any:
+        """Send the task *task* of the workers' app module, by name, to this scenario's queue."""
+        name = f"{self.app_module}.{task}"
+        return self.client.send_task(name, args=args, kwargs=kwargs, queue=self.name, task_id=task_id)
 
     def worker(
         self, name: str, *, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from celery import Celery
 from kazoo.client import KazooClient
 from kombu import Connection
 
 from celery_fencing.idempotency.redis import RedisIdempotencyStore
 from celery_fencing.sources.zookeeper import resource_to_znode_name
+from tests.celery.conftest import Scenario
 from tests.celery.workers import WorkerProcess, wait_for
 from tests.fixtures.zookeeper import ZooKeeperServer
 
@@ -40,38 +39,13 @@ APP_MODULE = "tests.sinks.app_under_test"
 LOCK_DELAY = 4.0
 
 
-class World:
+class World(Scenario):
     """One test's queue, key prefix, workers and client app, all on tests/sinks/app_under_test.py."""
 
     def __init__(self, name: str, redis_url: str, tmp_path: Path, *, broker: str, service: ExternalService) -> None:
-        self.name = name
-        self.tmp_path = tmp_path
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.env: dict[str, str] = {
-            "FT_BROKER": broker,
-            "FT_BACKEND": "fenced+" + redis_url,
-            "FT_REDIS": redis_url,
-            "FT_PREFIX": name,
-            "FT_QUEUE": name,
-            "FT_SOURCE": f"sqlite:///{tmp_path / 'tokens.db'}",
-            "FT_SERVICE": service.url,
-        }
-        self.workers: list[WorkerProcess] = []
-        self._client: Celery | None = None
-
-    @property
-    def client(self) -> Celery:
-        if self._client is None:
-            self._client = Celery("client", broker=self.env["FT_BROKER"], backend=self.env["FT_BACKEND"])
-            self._client.conf.task_default_queue = self.name
-            if "FT_VISIBILITY_TIMEOUT" in self.env:
-                self._client.conf.broker_transport_options = {
-                    "visibility_timeout": float(self.env["FT_VISIBILITY_TIMEOUT"])
-                }
-        return self._client
-
-    def send(self, task: str, *args: Any, task_id: str | None = None, **kwargs: Any) -> Any:
-        return self.client.send_task(f"{APP_MODULE}.{task}", args=args, kwargs=kwargs, queue=self.name, task_id=task_id)
+        super().__init__(name, redis_url, tmp_path, broker=broker)
+        self.env["FT_SERVICE"] = service.url
+        self.app_module = APP_MODULE
 
     def workers_started(
         self, *names: str, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
@@ -111,13 +85,6 @@ class World:
             raise errors[0]
         return started
 
-    def events(self, kind: str, task_id: str) -> list[list[str]]:
-        lines = self.redis.lrange(f"{self.name}:events", 0, -1)
-        return [fields for fields in (line.split() for line in lines) if fields[0] == kind and fields[1] == task_id]
-
-    def release(self, task_id: str, token: int | str) -> None:
-        self.redis.set(f"{self.name}:release:{task_id}:{token}", 1, ex=600)
-
     def close(self) -> None:
         # Side by side: an idle solo worker on RabbitMQ takes up to ~10 s to notice a warm shutdown.
         stoppers = [threading.Thread(target=worker.stop) for worker in self.workers]
@@ -125,15 +92,10 @@ class World:
             stopper.start()
         for stopper in stoppers:
             stopper.join(60)
-        if self._client is not None:
-            self._client.close()
         if self.env["FT_BROKER"].startswith("amqp"):
             with Connection(self.env["FT_BROKER"], connect_timeout=5) as conn:
                 conn.default_channel.queue_delete(self.name)
-        keys = list(self.redis.scan_iter(f"{self.name}*")) + list(self.redis.scan_iter(f"*{self.name}*"))
-        if keys:
-            self.redis.delete(*set(keys))
-        self.redis.close()
+        super().close()  # the workers are stopped: it closes the client and removes the test's keys
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +155,7 @@ def kill_the_holder(world: World, zookeeper: ZooKeeperServer, admin: KazooClient
     world.env["FT_SOURCE"] = zookeeper.url(root, session_timeout=2, timeout=10)
     workers = world.workers_started("a", "b", extra_args=("--fencing-lock-delay", str(LOCK_DELAY)))
     result = world.send(task, name)
-    entered = wait_for(lambda: world.events("enter", result.id), 60, "the first execution to enter")[0]  # type: ignore[index]
+    entered = wait_for(lambda: world.events_of("enter", result.id), 60, "the first execution to enter")[0]  # type: ignore[index]
     holder = next(worker for worker in workers if str(worker.pid) == entered[3])
     successor = next(worker for worker in workers if worker is not holder)
     znode = resource_to_znode_name(f"sink:{name}")
@@ -206,7 +168,7 @@ def kill_the_holder(world: World, zookeeper: ZooKeeperServer, admin: KazooClient
     last_seen = time.time()
     failed_mtime: int | None = None
     deadline = time.monotonic() + 120
-    while not (second := world.events("enter", result.id)[1:]):
+    while not (second := world.events_of("enter", result.id)[1:]):
         assert time.monotonic() < deadline, "the re-delivered task never entered"
         before = time.time()
         if admin.exists(holder_lock) is not None:
@@ -251,7 +213,7 @@ def test_killed_holder_leaves_the_resource_ungrantable_for_the_delay(
     wait_for(lambda: json.loads(admin.get(run.record_path)[0])["state"] == "released", 60, "the clean release")
     released_at = time.time()
     after = world.send("exclusive_job", name)
-    entered = wait_for(lambda: world.events("enter", after.id), 60, "the next task to enter")[0]  # type: ignore[index]
+    entered = wait_for(lambda: world.events_of("enter", after.id), 60, "the next task to enter")[0]  # type: ignore[index]
     print(f"after a clean release the next task entered {float(entered[4]) - released_at:.3f}s later")
     assert int(entered[2]) > run.successor_token
     assert run.successor.log().count("failed without releasing") == 1, "a clean release counted as a failure"
@@ -281,11 +243,11 @@ def _redeliver_charge(world: World, once: bool) -> tuple[list[str], list[str]]:
     world.env["FT_VISIBILITY_TIMEOUT"] = "2"
     (w1,) = world.workers_started("w1")
     result = world.send("charge_job", f"cust-{world.name}", 10, once)
-    first = wait_for(lambda: world.events("charged", result.id), 60, "w1 to charge")[0]  # type: ignore[index]
+    first = wait_for(lambda: world.events_of("charged", result.id), 60, "w1 to charge")[0]  # type: ignore[index]
     w1.pause()
     try:
         world.workers_started("w2")
-        second = wait_for(lambda: world.events("charged", result.id)[1:], 60, "the re-delivery to w2")[0]  # type: ignore[index]
+        second = wait_for(lambda: world.events_of("charged", result.id)[1:], 60, "the re-delivery to w2")[0]  # type: ignore[index]
         world.release(result.id, second[2])
         assert result.get(timeout=60) == second[3]
     finally:
@@ -331,7 +293,7 @@ def test_a_pending_claim_makes_the_task_retry_until_an_outcome_is_recorded(
     wait_for(lambda: world.workers[0].log().count(retried) >= 2, 60, "the task to retry on the pending claim")
     assert "is not recorded yet -> retry" in world.workers[0].log()
     assert store.record(claim, json.dumps({"id": "ch_recorded"}), retention=600)
-    charged = wait_for(lambda: world.events("charged", task_id), 60, "the retry to find the outcome")[0]  # type: ignore[index]
+    charged = wait_for(lambda: world.events_of("charged", task_id), 60, "the retry to find the outcome")[0]  # type: ignore[index]
     world.release(task_id, charged[2])
     assert result.get(timeout=60) == "ch_recorded"
     assert service.charge_count() == before
@@ -345,9 +307,9 @@ def _race_on_document(world: World, service: ExternalService, conditional: bool)
     name = f"acct-{uuid.uuid4().hex[:6]}"
     service.documents[name] = (1, {"total": 100})
     a = world.send("add_to_doc", name, 10, conditional)
-    a_read = wait_for(lambda: world.events("read", a.id), 60, "A to read")[0]  # type: ignore[index]
+    a_read = wait_for(lambda: world.events_of("read", a.id), 60, "A to read")[0]  # type: ignore[index]
     b = world.send("add_to_doc", name, 20, conditional)
-    b_read = wait_for(lambda: world.events("read", b.id), 60, "B to read")[0]  # type: ignore[index]
+    b_read = wait_for(lambda: world.events_of("read", b.id), 60, "B to read")[0]  # type: ignore[index]
     world.release(b.id, b_read[2])
     assert b.get(timeout=60) == 120
     world.release(a.id, a_read[2])
@@ -357,9 +319,9 @@ def _race_on_document(world: World, service: ExternalService, conditional: bool)
 def test_a_stale_etag_write_gets_412_and_the_policy_retries_it(shared_world: World, service: ExternalService) -> None:
     """A's write with the ETag it read before B's write is refused (412); the retry re-reads and both amounts count."""
     name, a, a_read = _race_on_document(shared_world, service, conditional=True)
-    retry = wait_for(lambda: [e for e in shared_world.events("read", a.id) if e[3] == "1"], 60, "A's retry to re-read")[
-        0
-    ]  # type: ignore[index]
+    retry = wait_for(
+        lambda: [e for e in shared_world.events_of("read", a.id) if e[3] == "1"], 60, "A's retry to re-read"
+    )[0]  # type: ignore[index]
     assert retry[4] == "120" and int(retry[2]) > int(a_read[2])
     shared_world.release(a.id, retry[2])
     assert a.get(timeout=60) == 130
