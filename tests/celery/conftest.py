@@ -38,6 +38,8 @@ class Scenario:
         self.pool = "solo"
         #: The module the workers load the app from (``celery -A``).
         self.app_module = APP_MODULE
+        #: Where the tasks :meth:`send` names are defined (a backend's worker app imports them from here).
+        self.task_module = APP_MODULE
         self._client: Celery | None = None
 
     @property
@@ -53,8 +55,8 @@ class Scenario:
         return self._client
 
     def send(self, task: str, *args: Any, task_id: str | None = None, **kwargs: Any) -> Any:
-        """Send the task *task* of the workers' app module, by name, to this scenario's queue."""
-        name = f"{self.app_module}.{task}"
+        """Send the task *task* of :attr:`task_module`, by name, to this scenario's queue."""
+        name = f"{self.task_module}.{task}"
         return self.client.send_task(name, args=args, kwargs=kwargs, queue=self.name, task_id=task_id)
 
     def worker(

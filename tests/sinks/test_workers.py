@@ -45,7 +45,7 @@ class World(Scenario):
     def __init__(self, name: str, redis_url: str, tmp_path: Path, *, broker: str, service: ExternalService) -> None:
         super().__init__(name, redis_url, tmp_path, broker=broker)
         self.env["FT_SERVICE"] = service.url
-        self.app_module = APP_MODULE
+        self.app_module = self.task_module = APP_MODULE
 
     def workers_started(
         self, *names: str, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()

@@ -8,8 +8,11 @@ member applied and ends as done: every member's effect happens once, every
 member's stored result (read from the store itself: the Redis key, the
 ``celery_taskmeta`` row, the ``TaskResult`` row) is the applying execution's,
 and the chain's next step or the chord's callback runs once, given those
-results. The controls run the same canvas with exactly-once off: the paused
-member's effect is applied twice, and a chain's next step runs twice.
+results. The chord's callback is a fenced task: on the SQLAlchemy backend
+Celery's ``celery.chord_unlock`` sends it, and a copy of that (plain) task
+re-delivered on a loaded machine sends it again. The controls run the same
+canvas with exactly-once off: the paused member's effect is applied twice,
+and a chain's next step runs twice.
 
 A chord is the store's own: counters in Redis, django-celery-results'
 ``ChordCounter`` row, Celery's ``chord_unlock`` polling of the group's
@@ -52,8 +55,9 @@ def _signature(scenario: Scenario, task: str, order_id: int, paused: bool) -> An
     return scenario.client.signature(f"{CANVAS}.{task}", args=(order_id, paused), queue=scenario.name)
 
 
-def _callback(scenario: Scenario, name: str) -> Any:
-    return scenario.client.signature(f"{CANVAS}.callback", args=(name,), queue=scenario.name)
+def _callback(scenario: Scenario, name: str, *, fenced: bool = False) -> Any:
+    body = "fenced_callback" if fenced else "callback"
+    return scenario.client.signature(f"{CANVAS}.{body}", args=(name,), queue=scenario.name)
 
 
 def _send_chain(scenario: Scenario, task: str, name: str) -> Sent:
@@ -70,7 +74,9 @@ def _send_group(scenario: Scenario, task: str, name: str) -> Sent:
 
 def _send_chord(scenario: Scenario, task: str, name: str) -> Sent:
     header = [_signature(scenario, task, PAUSED, True), _signature(scenario, task, OTHER, False)]
-    result = chord(header)(_callback(scenario, name))
+    # A fenced callback: on the SQLAlchemy backend a celery.chord_unlock re-delivered after it sent
+    # the callback sends it again (test_redelivered_chord_unlock_runs_a_fenced_callback_once).
+    result = chord(header)(_callback(scenario, name, fenced=True))
     return Sent({PAUSED: str(result.parent.results[0].id), OTHER: str(result.parent.results[1].id)}, name)
 
 
