@@ -19,10 +19,10 @@ def seconds(name: str, value: object, *, zero: bool = False, parse: bool = False
     :raises FencingConfigurationError: naming *name* and the value.
     """
     bound = "a number of seconds >= 0" if zero else "a positive number of seconds"
-    number = _number(value, parse)
-    if number is None or not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+    found = _number(value, parse)
+    if found is None or not math.isfinite(found) or found < 0 or (found == 0 and not zero):
         raise FencingConfigurationError(f"{name} must be {bound}, not {value!r:.60}")
-    return number
+    return found
 
 
 def number(name: str, value: object, *, minimum: float = 0.0, parse: bool = False) -> float:
@@ -41,10 +41,10 @@ def count(name: str, value: object, *, minimum: int = 0, parse: bool = False) ->
 
     :raises FencingConfigurationError: naming *name* and the value.
     """
-    number = _number(value, parse)
-    if number is None or not math.isfinite(number) or not number.is_integer() or number < minimum:
+    found = _number(value, parse)
+    if found is None or not math.isfinite(found) or not found.is_integer() or found < minimum:
         raise FencingConfigurationError(f"{name} must be a whole number >= {minimum}, not {value!r:.60}")
-    return int(number)
+    return int(found)
 
 
 def _number(value: object, parse: bool) -> float | None:
