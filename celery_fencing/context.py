@@ -109,6 +109,11 @@ class Execution:
     #: Where a gate that finds its store unarmed (new, or it lost its marks) takes
     #: the floor from: the worker's token source. ``None`` outside a fenced task.
     floor_source: TokenSource | None = None
+    #: Whether the execution claimed its token before its body: the first delivery of a
+    #: task fenced on its own id does not (see ``FencedTask._first_delivery``).
+    claimed: bool = True
+    #: Gated writes the execution began (each asks :meth:`applied_record` before its I/O).
+    write_attempts: int = 0
     # applied_record(), made once: every gated write of the execution asks for it.
     _record: AppliedRecord | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -116,6 +121,7 @@ class Execution:
         """The record a gate writes with this execution's effects, or ``None`` without exactly-once."""
         if not self.once or not self.task_id:
             return None
+        self.write_attempts += 1
         record = self._record
         if record is None or record.task_id != self.task_id:
             record = self._record = AppliedRecord(self.task_id, self.execution_id, self.once_retention)

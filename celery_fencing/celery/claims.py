@@ -1,4 +1,4 @@
-"""Claims: arm a fenced task's stores and claim its token on each before the body; wait for a seal after.
+"""Claims: arm a fenced task's stores, claim its token on each before the body (a first delivery need not); await seals.
 
 Functions of the gates and the result backend the task was given, so that
 :class:`~celery_fencing.celery.FencedTask` keeps only the execution's lifecycle.
@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..context import Execution
 from ..exceptions import AlreadyAppliedError, FencingError, StaleTokenError
 from ..protocols import (
     BatchedClaimGate,
@@ -23,7 +24,7 @@ from ..protocols import (
 )
 from ..token import FencingToken
 
-__all__ = ["arm_stores", "claim_stores", "sealed_by_another"]
+__all__ = ["arm_stores", "claim_stores", "first_delivery", "sealed_by_another"]
 
 #: How often :func:`sealed_by_another` asks the result store while it waits.
 SEAL_POLL_INTERVAL = 0.05
@@ -44,6 +45,29 @@ def arm_stores(gates: Sequence[Gate], backend: Any, resource: str, source: Token
             gate.ensure_armed(resource, source)  # type: ignore[attr-defined]
     if backend is not None and conforms(backend, FlooredStore):
         backend.ensure_armed(resource, source)
+
+
+def first_delivery(request: Any, execution: Execution, mode: str) -> bool:
+    """Whether *execution* (of a task fenced on its own id) is its task's first delivery: it need not claim.
+
+    The claim keeps an older execution of the task id from going on once a
+    newer one started. The first delivery of the task's message (no
+    ``redelivered`` flag from the broker, no retry, not run eagerly) has no
+    older execution to keep out, and exactly once does the rest: every gated
+    write, and the result write, records or checks the task id, so a later
+    copy that claimed stops this one at its next write (a refusal, or "already
+    applied"). That saves a round trip per task. A broker that never flags a
+    re-delivery makes every delivery of a first message look first: the
+    protocol model (tests/model/protocol.py, ``unflagged``) shows that safe
+    too. A task on a domain resource always claims (the caller checks): its
+    contenders are other tasks, and the claim keeps their reads and writes apart.
+    """
+    if mode == "exclusive" or not execution.once:
+        return False
+    if request.retries or request.is_eager:
+        return False
+    delivery = request.delivery_info
+    return isinstance(delivery, dict) and not delivery.get("redelivered")
 
 
 def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_id: str, *, batch: bool) -> None:

@@ -181,6 +181,15 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting(
+        "fencing_claim_first_delivery",
+        False,
+        _flag,
+        "Claim the task id before the body on a task's first delivery too (exactly once makes that claim "
+        "redundant, so it is skipped by default): for producers that publish one task id more than once, "
+        "whose bodies must not start again.",
+        is_flag=True,
+    ),
+    Setting(
         "fencing_abort_on_session_loss",
         False,
         _flag,
@@ -211,6 +220,7 @@ class FencingSettings:
     lock_delay: float
     once: bool
     once_retention: float
+    claim_first_delivery: bool
     abort_on_session_loss: bool
 
 

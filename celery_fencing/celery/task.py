@@ -7,16 +7,16 @@ Lifecycle of one execution (all inside Celery's tracer, so ``Retry``,
    token (or take an exclusive lease and its token), put it on
    ``self.request.fencing_token``, then **claim** it on every gate in
    ``fencing_gates`` and on a fenced result backend, before the body reads
-   anything. A claim that is refused means a newer execution already started.
+   anything (the first delivery of a task fenced on its own id need not:
+   :func:`.claims.first_delivery`). A refused claim means a newer execution started.
 2. ``__call__``: run the body with the token as the current token
    (:func:`celery_fencing.current_token`), so gates called without a token use it.
 3. A :class:`~celery_fencing.StaleTokenError` (or a lost lease) anywhere in 1-2
    goes to the task's on-stale policy: retry (new attempt, new token, re-read,
    redo), defer (a task fenced on its id: retry later, once the newer copy
    that fenced it out applied the task or died), ignore, reject or raise. A
-   token source that is unavailable, or a gate whose store is down at claim
-   time, is retried with the same backoff:
-   the body never runs unfenced. So is an
+   source that cannot mint, or a store that is down at the claim, is retried
+   with the same backoff: the body never runs unfenced. So is an
    :class:`~celery_fencing.EffectPendingError` from the body (an idempotency
    key claimed by another execution that has recorded no outcome yet).
 4. Exactly once (``fencing_once``, on by default): every gated write of the
@@ -66,9 +66,8 @@ from ..policies import (
     policy_from_setting,
 )
 from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms, declares
-from ..token import FencingToken
 from . import signals
-from .claims import arm_stores, claim_stores, sealed_by_another
+from .claims import arm_stores, claim_stores, first_delivery, sealed_by_another
 from .decisions import enact
 from .options import check_task_options, resource_for
 from .reports import report_duplicate, report_fenced_out
@@ -194,9 +193,14 @@ class FencedTask(Task):  # type: ignore[misc]
             execution = self._mint_execution(
                 runtime, source, resource, resource_is_task_id, settings, mode, started, in_block=in_block
             )
+            if resource_is_task_id and not settings.claim_first_delivery and first_delivery(request, execution, mode):
+                # No older execution of this task id can exist: skip the claim (see first_delivery).
+                execution.claimed = False
+                return execution
             try:
                 with token_context(execution):  # the gates read the execution's retention from it
-                    self._claim(gates, execution.token, request, batch=resource_is_task_id)
+                    backend = None if request.ignore_result else self.backend
+                    claim_stores(gates, backend, execution.token, request.id, batch=resource_is_task_id)
             except BelowFloorError as exc:
                 # The store had lost its marks (or was new) and was armed with a floor minted
                 # after this token: not a newer execution. Mint a fresh token (above the floor).
@@ -307,10 +311,6 @@ class FencedTask(Task):  # type: ignore[misc]
         logger.debug("task %s[%s] minted %r", self.name, request.id, token)
         return execution
 
-    def _claim(self, gates: Sequence[Gate], token: FencingToken, request: Any, batch: bool) -> None:
-        """Claim *token* on every gate and on the task's result before the body runs (see :func:`claim_stores`)."""
-        claim_stores(gates, None if request.ignore_result else self.backend, token, request.id, batch=batch)
-
     def _take_lease(
         self, runtime: FencingRuntime, source: LeasingSource, resource: str, settings: FencingSettings
     ) -> HeldLease:
@@ -361,14 +361,19 @@ class FencedTask(Task):  # type: ignore[misc]
             self._already_applied(exc, execution.token.resource, phase="body", finish=finish)
             self._seal(execution)
             return None
-        except (*_FENCED_OUT, EffectPendingError) as exc:
+        except (*_FENCED_OUT, EffectPendingError, GateUnavailableError) as exc:
             keep_lease = False
-            # A store that lost its marks while this execution ran (the repeat mints a token
-            # above its floor), or an idempotency key another execution claimed and has
-            # recorded no outcome for yet (the repeat finds the outcome): not a newer
-            # execution, so not for the stale policy. Retry with backoff, or fail once
-            # retries run out.
-            not_newer = isinstance(exc, (BelowFloorError, EffectPendingError))
+            if isinstance(exc, GateUnavailableError) and (execution.claimed or execution.write_attempts > 1):
+                raise
+            # Not a newer execution, so not for the stale policy (retry with backoff, or fail
+            # once retries run out): a store that lost its marks while this execution ran (the
+            # repeat mints a token above its floor); an idempotency key another execution
+            # claimed and has recorded no outcome for yet (the repeat finds the outcome); a
+            # store that is down at the first write of an execution without a claim, where the
+            # claim would have met it (nothing of it is applied; after a write went through, a
+            # retry would find it applied and end the task with the rest undone: the error is
+            # then the body's).
+            not_newer = isinstance(exc, (BelowFloorError, EffectPendingError, GateUnavailableError))
             self._fenced_out(
                 exc,
                 execution.token.resource,

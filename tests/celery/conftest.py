@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 import redis
 from celery import Celery
 
-from tests.fixtures.services import armed
+from celery_fencing.celery import install
+from tests.fixtures.services import armed, delete_keys
 
 from .workers import WorkerProcess, wait_for
 
@@ -144,6 +146,29 @@ def app(redis_url: str, unique_name: str) -> Iterator[Celery]:
     if keys:
         app.backend.client.delete(*keys)
     app.close()
+
+
+@contextlib.contextmanager
+def embedded_app(name: str, redis_url: str, tmp_path: Path, unique_name: str, **options: Any) -> Iterator[Celery]:
+    """An installed app for an embedded worker (celery.contrib.testing) in this process.
+
+    The Redis broker on this test's queue, the fenced+redis:// backend under
+    this test's key prefix, a SQLite source in *tmp_path*; its keys are
+    removed after. *options* go to ``Celery()`` (``task_cls``, for one).
+    """
+    app = install(Celery(name, broker=redis_url, backend="fenced+" + redis_url, set_as_current=False, **options))
+    app.conf.update(
+        task_default_queue=unique_name,
+        fencing_source=f"sqlite:///{tmp_path / 'tokens.db'}",
+        result_backend_transport_options={"global_keyprefix": f"{unique_name}:"},
+    )
+    try:
+        yield app
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        delete_keys(client, unique_name)
+        client.close()
+        app.close()
 
 
 @pytest.fixture

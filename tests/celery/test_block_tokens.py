@@ -3,11 +3,17 @@
 The timeline (Redis broker, ``acks_late``, a 4 s visibility timeout, the
 SQLite source with its default blocks of 1,024): worker A reserves its block
 first (a warm-up task); A is frozen; worker B (prefork, two processes)
-reserves newer blocks, takes task T, claims T's task id with a token of its
-block and is held at T's pause point; a canary task is held in B's other
-process. A resumes, and the broker re-delivers T (and the canary) to it. A's
-next token comes from A's older block: **below** B's, though handed out
-later. A's claim is refused. B is SIGKILLed at the point (the newer copy dies).
+reserves newer blocks, takes task T and is held at T's pause point; a canary
+task is held in B's other process. A resumes, and the broker re-delivers T
+(and the canary) to it. A's next token comes from A's older block: **below**
+B's, though handed out later.
+
+By default B's copy, T's first delivery, does not claim (exactly once makes
+that claim redundant): A's re-delivered copy claims with its lower token,
+passes, and applies T; B, released, meets A's record at its write and ends as
+done. With ``fencing_claim_first_delivery`` B claims T's task id with its
+token before its body, so A's claim is refused, and B is SIGKILLed at the
+point (the newer copy dies):
 
 * With blocks declared (the library): a refusal of a block token proves
   nothing, so A mints fresh (a new block, above every token handed out
@@ -52,12 +58,19 @@ class Timeline:
     a_warm: int  # the first token of A's block
 
 
-def newer_copy_holds_a_newer_block(scenario: Scenario, points: PausePoints, held: int) -> Timeline:  # noqa: F811
+def newer_copy_holds_a_newer_block(
+    scenario: Scenario,
+    points: PausePoints,  # noqa: F811
+    held: int,
+    *,
+    claim_first_delivery: bool = True,
+) -> Timeline:
     """Run the timeline up to the re-delivery of T to A (holding the first *held* arrivals at the pause point)."""
     scenario.env.update(points.env)
     scenario.env["FT_VISIBILITY_TIMEOUT"] = str(VISIBILITY_TIMEOUT)
     unacked = {f"unacked{suffix}_key": scenario.key(f"unacked{suffix}") for suffix in ("", "_index", "_mutex")}
-    scenario.env["FT_CONF"] = json.dumps({"broker_transport_options": unacked})
+    conf = {"broker_transport_options": unacked, "fencing_claim_first_delivery": claim_first_delivery}
+    scenario.env["FT_CONF"] = json.dumps(conf)
     a = scenario.worker("a")
     a_warm = int(scenario.send("task_id_token").get(timeout=60))  # A reserves its block now
     # ...and arms the stores (the gate too) with floors below B's tokens: no floor gets in the way.
@@ -77,6 +90,31 @@ def newer_copy_holds_a_newer_block(scenario: Scenario, points: PausePoints, held
     assert points.wait("count", 3, timeout=60).task_id == canary.id
     a.resume()  # the visibility timeout re-delivers T to A, whose block is the older one
     return Timeline(result, canary, a, b, a_warm)
+
+
+@pytest.mark.slow
+def test_the_redelivered_copy_with_the_lower_block_token_applies_once_over_an_unclaimed_first_delivery(
+    scenario: Scenario,
+    points: PausePoints,  # noqa: F811
+) -> None:
+    """B's first delivery claims nothing; A's re-delivered copy applies T with its lower token; B ends as done."""
+    run = newer_copy_holds_a_newer_block(scenario, points, held=2, claim_first_delivery=False)
+    wait_for(lambda: len(_arrivals_of(points, run.result.id)) >= 2, 60, "the broker to re-deliver T to A")
+    in_b, in_a = _arrivals_of(points, run.result.id)[:2]
+    assert in_a.pid != in_b.pid and in_a.token is not None and in_b.token is not None
+    # A drew from its older block, below B's token, and nothing refused it: B had claimed nothing.
+    assert in_a.token < in_b.token, (in_a.token, in_b.token)
+    assert run.result.get(timeout=60) == 1
+    in_b.release()
+    wait_for(
+        lambda: f"[{run.result.id}] already applied on '{run.result.id}'" in run.b.log(),
+        60,
+        "B's copy to meet A's record at its write",
+    )
+    assert _count(scenario, "t") == 1, "T applied once, by A"
+    assert run.result.get(timeout=60) == 1 and run.result.state == states.SUCCESS, "A's result stands"
+    assert len(_arrivals_of(points, run.result.id)) == 2
+    wait_for(lambda: _messages_of(scenario, run.result.id) == [], 60, "both copies to be acknowledged")
 
 
 @pytest.mark.slow

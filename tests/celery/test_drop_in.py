@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery, Task
 from celery.app import trace
 from celery.contrib.testing.worker import start_worker
 
-from celery_fencing.celery import FencedTask, install
+from celery_fencing.celery import FencedTask
+
+from .conftest import embedded_app
 
 
 class CeleryPushRequest(FencedTask):  # type: ignore[misc]
@@ -43,27 +44,10 @@ def app(redis_url: str, tmp_path: Path, unique_name: str, monkeypatch: pytest.Mo
     if original_call is not None:
         monkeypatch.setattr(Task, "__call__", original_call)
         monkeypatch.setattr(Task, "_stackprotected", False, raising=False)
-    app = install(
-        Celery(
-            "drop-in-test",
-            broker=redis_url,
-            backend="fenced+" + redis_url,
-            task_cls="celery_fencing.celery:FencedTask",
-            set_as_current=False,
-        )
-    )
-    app.conf.update(
-        task_default_queue=unique_name,
-        fencing_source=f"sqlite:///{tmp_path / 'tokens.db'}",
-        result_backend_transport_options={"global_keyprefix": f"{unique_name}:"},
-    )
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(f"{unique_name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
-    app.close()
+    with embedded_app(
+        "drop-in-test", redis_url, tmp_path, unique_name, task_cls="celery_fencing.celery:FencedTask"
+    ) as app:
+        yield app
 
 
 def _retry_once(task: Task) -> dict[str, Any]:

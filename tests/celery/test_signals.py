@@ -13,28 +13,19 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_fencing import RedisGate
-from celery_fencing.celery import FencedTask, install, signals
+from celery_fencing.celery import FencedTask, signals
 from celery_fencing.celery.runtime import runtime_for
 from tests.fixtures.services import armed
 
+from .conftest import embedded_app
 from .workers import wait_for
 
 
 @pytest.fixture
 def app(redis_url: str, tmp_path: Path, unique_name: str) -> Iterator[Celery]:
-    app = install(Celery("signals-test", broker=redis_url, backend="fenced+" + redis_url, set_as_current=False))
-    app.conf.update(
-        task_default_queue=unique_name,
-        fencing_source=f"sqlite:///{tmp_path / 'tokens.db'}",
-        fencing_on_stale="raise",
-        result_backend_transport_options={"global_keyprefix": f"{unique_name}:"},
-    )
-    yield app
-    client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter(f"{unique_name}*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
+    with embedded_app("signals-test", redis_url, tmp_path, unique_name) as app:
+        app.conf.fencing_on_stale = "raise"
+        yield app
 
 
 class _Records(logging.Handler):

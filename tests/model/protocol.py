@@ -63,12 +63,14 @@ when a message is restored, so every delivery of one message shares it; the
 dropped copy's ack removes the newer copy's entry too, and if the newer copy
 then dies nothing brings the message back.
 
-A design the library does not use (yet): ``Protocol.skip_claim`` lets the
-first delivery of a task fenced on its own id go from its mint straight to its
-write, as the broker's ``redelivered`` flag tells it (``first``), or every
-delivery of the task's first message, for a broker that never flags a
-re-delivery (``unflagged``). The records at the write are what keeps such a
-task applied once; the tests explore both.
+``Protocol.skip_claim`` lets the first delivery of a task fenced on its own
+id go from its mint straight to its write, as the broker's ``redelivered``
+flag tells it (``first``), or every delivery of the task's first message, for
+a broker that never flags a re-delivery (``unflagged``). The library does
+the former since issue 15 (``FencedTask._first_delivery``), which is the
+latter on a broker without the flag; ``never`` is its
+``fencing_claim_first_delivery=True``. The records at the write are what keeps
+such a task applied once; the tests explore both.
 
 The properties, checked in every reachable state:
 * **at most once**: no task's effect is applied twice;
@@ -100,9 +102,9 @@ class Protocol:
     #: Write and check exactly-once records (off: the control for "at most once").
     exactly_once: bool = True
     #: Which executions of a task fenced on its own id go from the mint straight to the write,
-    #: without a claim: "never" (the library), "first" (the first delivery of the task's first
-    #: message, as the broker's redelivered flag tells it), "unflagged" (every delivery of the
-    #: first message: a broker that never flags a re-delivery).
+    #: without a claim: "never" (``fencing_claim_first_delivery``), "first" (the library's default:
+    #: the first delivery of the task's first message, as the broker's redelivered flag tells it),
+    #: "unflagged" (every delivery of the first message: a broker that never flags a re-delivery).
     skip_claim: str = "never"
 
 

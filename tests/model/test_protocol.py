@@ -84,13 +84,13 @@ def test_without_exactly_once_records_a_redelivered_task_applies_twice() -> None
     ids=["blocks-of-2", "blocks-of-3", "blocks-of-2-unflagged"],
 )
 def test_first_delivery_without_a_claim_still_applies_every_task_once(config: Config, skip: str) -> None:
-    """A design not in the library yet (issue 15): a first delivery of a task fenced on its own id skips its claim.
+    """The library's rule (issue 15): a first delivery of a task fenced on its own id skips its claim.
 
     The records at the write keep every task applied exactly once, also when
     the broker never flags a re-delivery (``unflagged``: every delivery of
     the task's message skips its claim). The claim is most of what a fenced
     task costs per execution; see docs/performance.md for what else the claim
-    does that a change would have to keep.
+    did and where the library keeps it.
     """
     result = explore(config, Protocol(skip_claim=skip))
     assert result.final > 100, "the search should reach many final states"

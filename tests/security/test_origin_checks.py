@@ -45,16 +45,6 @@ def zk_source(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[Z
 
 
 @pytest.fixture
-def redis_client(redis_url: str, unique_name: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=10)
-    yield client
-    keys = list(client.scan_iter(f"{unique_name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
-@pytest.fixture
 def pg_engine(postgres_url: str) -> Iterator[sa.Engine]:
     engine = sa.create_engine(postgres_url, connect_args={"connect_timeout": 5})
     yield engine

@@ -49,16 +49,6 @@ def _engine(url: str) -> sa.Engine:
 
 
 @pytest.fixture
-def redis_client(redis_url: str, unique_name: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-    yield client
-    keys = list(client.scan_iter(f"{unique_name}*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
-@pytest.fixture
 def sql_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
     """An engine on PostgreSQL or on an SQLite file, chosen by the test's parameter."""
     url = request.getfixturevalue("postgres_url") if request.param == "postgres" else f"sqlite:///{tmp_path}/once.db"
