@@ -47,24 +47,23 @@ def arm_stores(gates: Sequence[Gate], backend: Any, resource: str, source: Token
         backend.ensure_armed(resource, source)
 
 
-def first_delivery(request: Any, execution: Execution, mode: str) -> bool:
-    """Whether *execution* (of a task fenced on its own id) is its task's first delivery: it need not claim.
+def first_delivery(request: Any, execution: Execution) -> bool:
+    """Whether *execution* is its task's first delivery: it has no older execution of its task id to keep out.
 
-    The claim keeps an older execution of the task id from going on once a
-    newer one started. The first delivery of the task's message (no
-    ``redelivered`` flag from the broker, no retry, not run eagerly) has no
-    older execution to keep out, and exactly once does the rest: every gated
-    write, and the result write, records or checks the task id, so a later
-    copy that claimed stops this one at its next write (a refusal, or "already
-    applied"). That saves a round trip per task. A broker that never flags a
-    re-delivery makes every delivery of a first message look first: the
-    protocol model (tests/model/protocol.py, ``unflagged``) shows that safe
-    too. A task on a domain resource always claims (the caller checks): its
-    contenders are other tasks, and the claim keeps their reads and writes apart.
+    The claims keep older executions from going on once a newer one started.
+    The first delivery of a task's message (no ``redelivered`` flag from the
+    broker, no retry, not run eagerly) has no older execution of its task id,
+    and exactly once does the rest: every gated write, and the result write,
+    records or checks the task id, so a later copy, which claims, stops this
+    one at its next write (a refusal, or "already applied"). So a first
+    delivery claims neither its result nor, fenced on its own id, its gates:
+    a round trip less per task. A task on a domain resource still claims its
+    gates, where other tasks contend and the claim keeps their reads and
+    writes apart. A broker that never flags a re-delivery makes every delivery
+    of a first message look first: the protocol model (tests/model/protocol.py,
+    ``unflagged``) shows that safe too.
     """
-    if mode == "exclusive" or not execution.once:
-        return False
-    if request.retries or request.is_eager:
+    if not execution.once or request.retries or request.is_eager:
         return False
     delivery = request.delivery_info
     return isinstance(delivery, dict) and not delivery.get("redelivered")

@@ -39,6 +39,7 @@ import difflib
 import inspect
 import re
 import string
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,6 +135,17 @@ def _check_template(cls: type, template: str) -> None:
             )
 
 
+#: The signature of each task class's ``run``, made once: inspect.signature costs more than a fenced write.
+_signatures: weakref.WeakKeyDictionary[type, inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def _run_signature(task: Any) -> inspect.Signature:
+    signature = _signatures.get(type(task))
+    if signature is None:
+        signature = _signatures[type(task)] = inspect.signature(task.run)
+    return signature
+
+
 def resource_for(task: Any, spec: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """The resource an execution of *task* is fenced on: its ``fencing_resource`` *spec* applied to its arguments.
 
@@ -149,9 +161,11 @@ def resource_for(task: Any, spec: Any, args: Sequence[Any], kwargs: dict[str, An
         if not task_id:
             raise FencingConfigurationError(f"task {task.name}: no task id to fence on")
         return str(task_id)
+    if isinstance(spec, str) and "{" not in spec and "}" not in spec:
+        return validate_resource(spec)  # a fixed resource: nothing to format (the body checks the arguments)
     if not callable(spec):
         # Wrong arguments raise Celery's own TypeError here, as the body would.
-        bound = inspect.signature(task.run).bind(*args, **kwargs)
+        bound = _run_signature(task).bind(*args, **kwargs)
         bound.apply_defaults()
     try:
         resource = spec(*args, **kwargs) if callable(spec) else spec.format_map(bound.arguments)

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..context import Execution
@@ -46,6 +46,35 @@ class HeldLease:
     contended: bool = False
     #: Whether the runtime asked the lease to report contention (once per lease).
     watching: bool = False
+    #: The gates (by id) on which the lease's token was claimed, by this task or an earlier one.
+    claimed: set[int] = field(default_factory=set)
+    #: The execution that holds the lease now (an :class:`~celery_fencing.context.Execution`).
+    execution: Any = None
+
+    def lost(self, _lease: Any) -> None:
+        """The lease's ``on_lost`` callback, registered once per lease (not per task that reuses it).
+
+        A lost lease (lock node gone, session lost) means the same to the
+        execution holding it as a lost session.
+        """
+        execution = self.execution
+        if execution is not None:
+            execution.session_lost.set()
+
+    def unclaimed(self, gates: Sequence[Gate]) -> Sequence[Gate]:
+        """The *gates* the lease's token still has to be claimed on.
+
+        A kept lease hands its token to the next task: its claims raised the
+        marks to that token already, so every older writer is refused there.
+        Claiming it again would only learn sooner what the next write learns
+        anyway (a newer holder, after this lease was lost unnoticed): the write
+        is refused, and the task retried.
+        """
+        return [gate for gate in gates if id(gate) not in self.claimed]
+
+    def claimed_on(self, gates: Sequence[Gate]) -> None:
+        """Note that the lease's token was claimed on *gates*."""
+        self.claimed.update(id(gate) for gate in gates)
 
     def release(self) -> None:
         """Leave the lease's context: its lock node is deleted. Never raises."""
@@ -81,6 +110,8 @@ class FencingRuntime:
         self._lease_waiters: dict[str, int] = {}
         self._reaper: threading.Thread | None = None
         self._reaper_wake = threading.Condition(self._lock)
+        # When the reaper wakes by itself next (time.monotonic; None: not before it is woken).
+        self._reaper_wakes_at: float | None = None
 
     @property
     def app(self) -> Any:
@@ -104,6 +135,7 @@ class FencingRuntime:
             self._lease_waiters = {}
             self._reaper = None
             self._reaper_wake = threading.Condition(self._lock)
+            self._reaper_wakes_at = None
 
     def settings(self) -> FencingSettings:
         """The app's validated settings, read once per process."""
@@ -227,6 +259,23 @@ class FencingRuntime:
     #   after it returns (a thread writing later) is not fenced against the next
     #   execution in the same process, as it would be with a fresh token.
 
+    def enter_lease(self, source: Any, resource: str, reuse: float, **options: Any) -> HeldLease:
+        """Take *resource*'s lease from *source* (a :class:`LeasingSource`), kept up to *reuse* seconds.
+
+        The execution counts as waiting for the lease meanwhile, so a lease
+        this process keeps for the resource goes to it (see :meth:`keep_lease`).
+        """
+        manager: AbstractContextManager[Any] = source.lease(resource, **options)
+        self.wait_for_lease(resource, +1)
+        try:
+            lease = manager.__enter__()
+        finally:
+            self.wait_for_lease(resource, -1)
+        now = time.monotonic()
+        held = HeldLease(manager, lease, taken_at=now, keep_until=now + reuse)
+        lease.on_lost(held.lost)
+        return held
+
     def take_lease(self, resource: str) -> HeldLease | None:
         """Hand the lease kept for *resource* to the calling execution, if one is kept and still good."""
         with self._lock:
@@ -271,7 +320,10 @@ class FencingRuntime:
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="fencing-lease-reaper", daemon=True)
                 self._reaper.start()
-            self._reaper_wake.notify()
+            # A lease kept task after task would wake the reaper every time: only when it is due sooner.
+            wakes_at = self._reaper_wakes_at
+            if wakes_at is None or _release_at(held) < wakes_at:
+                self._reaper_wake.notify()
         on_contended = getattr(held.lease, "on_contended", None) if watch else None
         if on_contended is not None:
             on_contended(lambda _lease: self._contended(held))
@@ -306,7 +358,9 @@ class FencingRuntime:
                 due = [self._kept.pop(resource) for resource in expired]
                 if not due:
                     wake_at = min((_release_at(held) for held in self._kept.values()), default=None)
+                    self._reaper_wakes_at = wake_at
                     self._reaper_wake.wait(None if wake_at is None else max(0.001, wake_at - now))
+                    self._reaper_wakes_at = None
                     continue
             for held in due:
                 held.release()

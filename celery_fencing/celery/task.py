@@ -37,7 +37,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from celery import Task
@@ -193,14 +192,20 @@ class FencedTask(Task):  # type: ignore[misc]
             execution = self._mint_execution(
                 runtime, source, resource, resource_is_task_id, settings, mode, started, in_block=in_block
             )
-            if resource_is_task_id and not settings.claim_first_delivery and first_delivery(request, execution, mode):
-                # No older execution of this task id can exist: skip the claim (see first_delivery).
+            # No older execution of this task id can exist (see first_delivery): on its own id the
+            # task claims nothing, on a domain resource only its gates (other tasks contend there).
+            first = not settings.claim_first_delivery and first_delivery(request, execution)
+            if first and resource_is_task_id and mode != "exclusive":
                 execution.claimed = False
                 return execution
+            held = request.fencing_lease
             try:
                 with token_context(execution):  # the gates read the execution's retention from it
-                    backend = None if request.ignore_result else self.backend
-                    claim_stores(gates, backend, execution.token, request.id, batch=resource_is_task_id)
+                    backend = None if request.ignore_result or first else self.backend
+                    unclaimed = gates if held is None else held.unclaimed(gates)
+                    claim_stores(unclaimed, backend, execution.token, request.id, batch=resource_is_task_id)
+                if held is not None:
+                    held.claimed_on(gates)
             except BelowFloorError as exc:
                 # The store had lost its marks (or was new) and was armed with a floor minted
                 # after this token: not a newer execution. Mint a fresh token (above the floor).
@@ -303,8 +308,9 @@ class FencedTask(Task):  # type: ignore[misc]
         request.fencing_execution = execution
         runtime.track(execution)
         if held is not None:
-            # A lost lease (lock node gone, session lost) means the same as a lost session.
-            held.lease.on_lost(lambda _lease: execution.session_lost.set())
+            held.execution = execution  # told when the lease is lost (see HeldLease.lost)
+            if held.lease.lost:
+                execution.session_lost.set()
         signals.token_minted.send(
             sender=self, task_id=request.id, token=token, mode=mode, duration=time.monotonic() - started
         )
@@ -324,14 +330,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 f"task {self.name}: fencing_lock_delay={delay} needs a source whose leases take a lock-delay "
                 f"(ZooKeeperTokenSource), not {type(source).__name__}"
             )
-        manager: AbstractContextManager[Any] = source.lease(resource, **options)
-        runtime.wait_for_lease(resource, +1)
-        try:
-            lease = manager.__enter__()
-        finally:
-            runtime.wait_for_lease(resource, -1)
-        now = time.monotonic()
-        return HeldLease(manager, lease, taken_at=now, keep_until=now + settings.lease_reuse)
+        return runtime.enter_lease(source, resource, settings.lease_reuse, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

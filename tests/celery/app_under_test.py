@@ -356,6 +356,15 @@ def exclusive_job(self: Task, name: str) -> int:
     return int(token.value)
 
 
+@app.task(bind=True, base=FencedTask, fencing_resource="kept:{name}", fencing_gates=gates, fencing_mode="exclusive")
+def kept_lease_write(self: Task, name: str) -> dict[str, Any]:
+    """Writes its token through the gate under an exclusive lease (kept between tasks with fencing_lease_reuse)."""
+    token = self.request.fencing_token.value
+    event("attempt", self.request.id, self.request.retries, token)
+    gates()[0].set(None, key("kept", name), token)
+    return {"retries": self.request.retries, "token": token}
+
+
 @app.task(bind=True, base=FencedTask, fencing_resource="sess:{name}", fencing_gates=gates)
 def session_job(self: Task, name: str) -> int:
     """Waits for the test, then writes through the gate; reports whether its session was lost meanwhile."""

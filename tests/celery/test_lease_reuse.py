@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from celery_fencing import FencingConfigurationError, TokenUnavailableError
+from celery_fencing import FencingConfigurationError, RedisGate, TokenUnavailableError
 from celery_fencing.celery.runtime import FencingRuntime, HeldLease
 from celery_fencing.celery.settings import read_settings
 from celery_fencing.sources.zookeeper import ZooKeeperTokenSource
@@ -57,6 +57,34 @@ def test_a_refused_token_is_never_reused(scenario: Scenario, zookeeper_server: Z
     # The next task of the resource reuses the retry's lease, never the refused token.
     again = scenario.send("policy_retry", name).get(timeout=90)
     assert again["token"] >= result["token"]
+
+
+def test_a_kept_lease_is_not_claimed_again_and_a_newer_holder_still_refuses_its_write(
+    scenario: Scenario, zookeeper_server: ZooKeeperServer
+) -> None:
+    """The next task on a kept lease skips the claims its token made already: a newer holder that claimed the
+    resource meanwhile (the lease lost unnoticed) refuses that task at its write instead of its claim; the task
+    drops the lease, and its retry leases anew above the newer holder. Nothing stale lands."""
+    _use_zookeeper(scenario, zookeeper_server)
+    worker = scenario.worker("w", pool="solo", extra_args=EXCLUSIVE_WITH_REUSE)
+    name = uuid.uuid4().hex[:6]
+    first = scenario.send("kept_lease_write", name).get(timeout=60)
+    assert scenario.send("kept_lease_write", name).get(timeout=60) == first, "the second task reused lease and token"
+    source = ZooKeeperTokenSource.from_url(scenario.env["FT_SOURCE"])
+    try:
+        newer = source.mint(f"kept:{name}")  # a holder that took the resource after this lease was lost unnoticed
+    finally:
+        source.close()
+    gate = RedisGate(scenario.redis, prefix=scenario.key("fence"))
+    gate.claim(newer)
+    third = scenario.send("kept_lease_write", name)
+    assert third.get(timeout=90)["retries"] == 1
+    attempts = [(int(retries), int(token)) for _, _, retries, token in scenario.events_of("attempt", third.id)]
+    assert attempts[0] == (0, first["token"]), "the kept lease's token ran the body: its claim was not made again"
+    assert attempts[1][1] > newer.value, "the retry leased anew, above the newer holder"
+    refusal = f"fenced out at body on 'kept:{name}' (token {first['token']}, high-water mark {newer.value})"
+    assert refusal in worker.log()
+    assert int(scenario.redis.get(scenario.key("kept", name)) or 0) == attempts[1][1]
 
 
 def test_two_prefork_processes_share_a_hot_resource_without_timing_out(
