@@ -81,14 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--source", metavar="URL", required=True, help="token source: zookeeper://h1:2181/fencing or sqlite:///f.db"
     )
-    inspect.add_argument(
-        "--gate",
-        metavar="URL",
-        action="append",
-        default=[],
-        help="a gate's store: redis://host:6379/0, postgresql://user@host/db, mysql://..., sqlite:///f.db (repeatable)",
+    _add_gate_flags(
+        inspect,
+        "a gate's store: redis://host:6379/0, postgresql://user@host/db, mysql://..., sqlite:///f.db (repeatable)",
     )
-    inspect.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
     inspect.add_argument("--sql-table", metavar="TABLE", default=None, help="SQLGate mark table (fencing_high_water)")
     inspect.add_argument(
         "--task-id",
@@ -121,14 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         "arm their stores by themselves; this is for gates without a source.",
     )
     arm.add_argument("--source", metavar="URL", help="the token source the workers use (mints the floor)")
-    arm.add_argument(
-        "--gate",
-        metavar="URL",
-        action="append",
-        default=[],
-        help="a RedisGate's store (redis://...) or the fenced result backend's (fenced+redis://...); repeatable",
+    _add_gate_flags(
+        arm, "a RedisGate's store (redis://...) or the fenced result backend's (fenced+redis://...); repeatable"
     )
-    arm.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
     arm.add_argument("--floor", metavar="N", type=int, help="this floor instead of a minted one (0: a new store)")
 
     for name, summary, description in (
@@ -236,6 +227,12 @@ def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
     if any(mark is None for report in reports for _, mark in report.marks):
         out.write("\n'-' means no mark yet: the resource was never claimed or written through that gate.\n")
     return EXIT_FINDINGS if failing else EXIT_OK
+
+
+def _add_gate_flags(parser: argparse.ArgumentParser, gate_help: str) -> None:
+    """--gate (repeatable) and --redis-prefix: the stores a command looks at or arms."""
+    parser.add_argument("--gate", metavar="URL", action="append", default=[], help=gate_help)
+    parser.add_argument("--redis-prefix", metavar="PREFIX", default="fencing", help="RedisGate prefix (fencing)")
 
 
 def _add_worker_flags(parser: argparse.ArgumentParser) -> None:
