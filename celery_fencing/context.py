@@ -110,7 +110,7 @@ class Execution:
     #: the floor from: the worker's token source. ``None`` outside a fenced task.
     floor_source: TokenSource | None = None
     #: Whether the execution claimed its token before its body: the first delivery of a
-    #: task fenced on its own id does not (see ``FencedTask._first_delivery``).
+    #: task fenced on its own id does not (see :func:`celery_fencing.celery.claims.first_delivery`).
     claimed: bool = True
     #: Gated writes the execution began (each asks :meth:`applied_record` before its I/O).
     write_attempts: int = 0

@@ -51,7 +51,7 @@ class HeldLease:
     #: The execution that holds the lease now (an :class:`~celery_fencing.context.Execution`).
     execution: Any = None
 
-    def lost(self, _lease: Any) -> None:
+    def on_lease_lost(self, _lease: Any) -> None:
         """The lease's ``on_lost`` callback, registered once per lease (not per task that reuses it).
 
         A lost lease (lock node gone, session lost) means the same to the
@@ -273,7 +273,7 @@ class FencingRuntime:
             self.wait_for_lease(resource, -1)
         now = time.monotonic()
         held = HeldLease(manager, lease, taken_at=now, keep_until=now + reuse)
-        lease.on_lost(held.lost)
+        lease.on_lost(held.on_lease_lost)
         return held
 
     def take_lease(self, resource: str) -> HeldLease | None:

@@ -184,9 +184,9 @@ SETTINGS: tuple[Setting, ...] = (
         "fencing_claim_first_delivery",
         False,
         _flag,
-        "Claim the task id before the body on a task's first delivery too (exactly once makes that claim "
-        "redundant, so it is skipped by default): for producers that publish one task id more than once, "
-        "whose bodies must not start again.",
+        "Claim before the body on a task's first delivery too: its task id, or its result on a domain resource "
+        "(exactly once makes that claim redundant, so it is skipped by default): for producers that publish "
+        "one task id more than once, whose bodies must not start again.",
         is_flag=True,
     ),
     Setting(

@@ -308,7 +308,7 @@ class FencedTask(Task):  # type: ignore[misc]
         request.fencing_execution = execution
         runtime.track(execution)
         if held is not None:
-            held.execution = execution  # told when the lease is lost (see HeldLease.lost)
+            held.execution = execution  # told when the lease is lost (see HeldLease.on_lease_lost)
             if held.lease.lost:
                 execution.session_lost.set()
         signals.token_minted.send(
