@@ -84,6 +84,17 @@ class TokenBlock:
             self._next += 1
             return value, self._grantor
 
+    def skip_below(self, floor: int) -> bool:
+        """Hand out no value below *floor* (a store's floor refuses them); return whether any was skipped.
+
+        The values left at or above it stay: only this process hands them out.
+        """
+        with self._lock:
+            if self._pid != os.getpid() or self._next >= floor or self._next >= self._end:
+                return False
+            self._next = min(floor, self._end)
+            return True
+
     def left(self) -> int:
         """How many values this process can still take (0 after ``fork()``)."""
         with self._lock:

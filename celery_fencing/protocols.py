@@ -134,6 +134,10 @@ class BlockSource(Protocol):
         """The next token of this process's block, or a fresh one when the block is used up."""
         ...
 
+    def skip_block_below(self, floor: int) -> bool:
+        """Hand out no token of this process's block below *floor* (a store's floor); whether any was skipped."""
+        ...
+
 
 @runtime_checkable
 class Gate(Protocol):
@@ -236,8 +240,13 @@ class FlooredStore(Protocol):
     write that finds it so, and that write's token is refused as below it.
     """
 
-    def ensure_armed(self, resource: str, source: TokenSource) -> None:
-        """Give the store of *resource* a floor minted from *source* if it has none (checked once, then cached)."""
+    def ensure_armed(self, resource: str, source: TokenSource) -> int | None:
+        """Give the store of *resource* a floor minted from *source* if it has none (checked once, then cached).
+
+        Returns the floor in force when the store was looked at, ``None`` when
+        it was not (already checked): a caller drawing tokens from a block
+        skips the block's tokens below it.
+        """
         ...
 
 

@@ -29,6 +29,7 @@ execution's, even before the newer one has written anything.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -37,9 +38,9 @@ from celery.backends.redis import RedisBackend
 from redis.exceptions import ResponseError
 
 from ..context import Execution, floor_source
-from ..exceptions import GateUnavailableError
+from ..exceptions import BelowFloorError, FencingError, GateUnavailableError
 from ..gates.redis_batch import ScriptCall
-from ..gates.redis_floor import arm_unarmed_store, encode_floor, is_unarmed_refusal, raise_floor
+from ..gates.redis_floor import arm_unarmed_store, decode_floor, encode_floor, is_unarmed_refusal, raise_floor
 from ..gates.redis_scripts import (
     ARM_SCRIPT,
     CLAIM_RESULT_SCRIPT,
@@ -50,10 +51,13 @@ from ..gates.redis_scripts import (
 )
 from ..protocols import TokenSource
 from ..token import FencingToken, fixed_width
+from .claims import remint_unclaimed
 from .result_refusals import execution_of, refusal_error, report_refused_write, token_of
 from .settings import read_settings
 
 __all__ = ["FencedRedisBackend"]
+
+logger = logging.getLogger("celery_fencing")
 
 
 def bytes_to_str(value: Any) -> str:
@@ -136,14 +140,18 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         encode_floor(floor)  # checked before Celery's retries, which only retry connection errors
         return int(self.ensure(raise_floor, (self._registered_arm(), self.floor_key, floor)))
 
-    def ensure_armed(self, resource: str, source: TokenSource) -> None:
-        """Arm the store from *source* if it has no floor, once per client (see ``FlooredStore``)."""
+    def ensure_armed(self, resource: str, source: TokenSource) -> int | None:
+        """Arm the store from *source* if it has no floor, once per client; the floor (see ``FlooredStore``)."""
         client = self.client
         if self._armed_client == id(client):
-            return
-        if not self.ensure(client.exists, (self.floor_key,)):
-            arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
+            return None
+        raw = self.ensure(client.get, (self.floor_key,))
+        if raw is None:
+            floor = arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
+        else:
+            floor = decode_floor(raw)
         self._armed_client = id(client)
+        return floor
 
     def _registered_arm(self) -> Any:
         self._registered()
@@ -251,23 +259,48 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         encoded = self.encode(meta)
         token = token_of(request)
         execution = execution_of(request) if token else None
+        if execution is not None:
+            token = execution.token  # the same, unless a floor made the execution mint afresh
         write, _, _ = self._registered()
         keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id), self.floor_key]
-        args = [
-            encoded,
-            fixed_width(token.value) if token else "",
-            token.resource if token else "",
-            state,
-            "1" if state in states.READY_STATES else "0",
-            self._expiry(state),
-            (token.grantor or "") if token else "",
-            # '-' is never an execution id: a writer without one never matches a seal.
-            execution.execution_id if execution is not None else "-",
-            "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
-            self._fence_expiry(state),
-        ]
-        reply = self._call(write, keys, args, execution.floor_source if execution is not None else None)
+
+        def args(token: FencingToken | None) -> list[Any]:
+            return [
+                encoded,
+                fixed_width(token.value) if token else "",
+                token.resource if token else "",
+                state,
+                "1" if state in states.READY_STATES else "0",
+                self._expiry(state),
+                (token.grantor or "") if token else "",
+                # '-' is never an execution id: a writer without one never matches a seal.
+                execution.execution_id if execution is not None else "-",
+                "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
+                self._fence_expiry(state),
+            ]
+
+        source = execution.floor_source if execution is not None else None
+        reply = self._call(write, keys, args(token), source)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
+        if refusal is not None and refusal[0] == "floor" and execution is not None:
+            fresh = self._remint(execution, refusal[1], bytes_to_str(task_id))
+            if fresh is not None:
+                token = fresh
+                reply = self._call(write, keys, args(token), source)
+                refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
         if refusal is not None:
             report_refused_write(self, bytes_to_str(task_id), state, token, *refusal)
         return result
+
+    @staticmethod
+    def _remint(execution: Execution, floor: str, task_id: str) -> FencingToken | None:
+        """A fresh token for an unclaimed execution whose result write met the floor first, else ``None``."""
+        if not floor.isdigit():
+            return None
+        below = BelowFloorError(resource=execution.token.resource, token=execution.token.value, floor=int(floor))
+        try:
+            return remint_unclaimed(execution, below)
+        except FencingError as exc:
+            # Never raise from the backend (see the module's docstring): the write is reported dropped.
+            logger.warning("task %s: no fresh token for its result write (%s)", task_id, exc)
+            return None

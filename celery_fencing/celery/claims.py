@@ -6,25 +6,37 @@ Functions of the gates and the result backend the task was given, so that
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..context import Execution
-from ..exceptions import AlreadyAppliedError, FencingError, StaleTokenError
+from ..exceptions import AlreadyAppliedError, BelowFloorError, FencingError, StaleTokenError
 from ..protocols import (
     BatchedClaimGate,
     BatchedResultClaims,
+    BlockSource,
     FencedResultStore,
     FlooredStore,
     Gate,
     TokenSource,
+    TransientSource,
     conforms,
     declares,
 )
 from ..token import FencingToken
 
-__all__ = ["arm_stores", "claim_stores", "first_delivery", "sealed_by_another"]
+__all__ = [
+    "arm_stores",
+    "claim_stores",
+    "first_delivery",
+    "remint_unclaimed",
+    "sealed_by_another",
+    "skip_block_below_floor",
+]
+
+logger = logging.getLogger("celery_fencing")
 
 #: How often :func:`sealed_by_another` asks the result store while it waits.
 SEAL_POLL_INTERVAL = 0.05
@@ -37,14 +49,63 @@ def arm_stores(gates: Sequence[Gate], backend: Any, resource: str, source: Token
     armed now, from the worker's source, the token minted next passes it.
     *backend* is ``None`` for a task that stores no result.
 
+    A block this process reserved before a floor was minted (its own arming of
+    another store reserved one, or another process armed this store since)
+    would be refused below that floor, at every first delivery's unclaimed
+    write: its tokens below the floors found are skipped.
+
     :raises GateUnavailableError: a store could not be reached.
     :raises TokenUnavailableError: the source could not mint a floor.
     """
-    for gate in gates:
-        if conforms(gate, FlooredStore):
-            gate.ensure_armed(resource, source)  # type: ignore[attr-defined]
-    if backend is not None and conforms(backend, FlooredStore):
-        backend.ensure_armed(resource, source)
+    highest: int | None = None
+    for store in (*gates, backend):
+        if store is not None and conforms(store, FlooredStore):
+            floor = store.ensure_armed(resource, source)
+            if floor is not None and (highest is None or floor > highest):
+                highest = floor
+    if highest is not None and isinstance(source, BlockSource):
+        source.skip_block_below(highest)
+
+
+def skip_block_below_floor(source: object, exc: BelowFloorError) -> None:
+    """After a store refused a token as below its floor: draw no more tokens below it from *source*'s block.
+
+    Else every later execution of this process would meet the same refusal
+    (at an unclaimed write, a retry each) until the block ran out.
+    """
+    if exc.high_water is not None and isinstance(source, BlockSource):
+        source.skip_block_below(exc.high_water)
+
+
+def remint_unclaimed(execution: Execution, exc: BelowFloorError) -> FencingToken | None:
+    """Give an unclaimed execution refused below a store's floor a fresh token; ``None`` for a claimed one.
+
+    The claim a first delivery skipped would have met that floor before the
+    body and minted fresh (see ``FencedTask._start_fencing``). Met at its seal
+    or its result write instead, the refusal means the same: the token came
+    from a block reserved before the store was armed, not that a newer
+    execution exists. The fresh token is the execution's from then on. A
+    claimed execution passed the floor at its claim: a floor above its token
+    now means the store lost its data since, and the refusal stands.
+
+    :raises TokenUnavailableError: the source could not mint.
+    """
+    source = execution.floor_source
+    if execution.claimed or source is None:
+        return None
+    skip_block_below_floor(source, exc)
+    mint = source.mint_transient if isinstance(source, TransientSource) else source.mint
+    fresh: FencingToken = mint(execution.token.resource)
+    logger.info(
+        "task %s: token %s is below a store's floor %s (a block reserved before the store was armed); "
+        "minted a fresh token %s",
+        execution.task_id,
+        execution.token.value,
+        exc.high_water,
+        fresh.value,
+    )
+    execution.token = fresh
+    return fresh
 
 
 def first_delivery(request: Any, execution: Execution) -> bool:

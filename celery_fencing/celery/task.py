@@ -66,7 +66,14 @@ from ..policies import (
 )
 from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms, declares
 from . import signals
-from .claims import arm_stores, claim_stores, first_delivery, sealed_by_another
+from .claims import (
+    arm_stores,
+    claim_stores,
+    first_delivery,
+    remint_unclaimed,
+    sealed_by_another,
+    skip_block_below_floor,
+)
 from .decisions import enact
 from .options import check_task_options, resource_for
 from .reports import report_duplicate, report_fenced_out
@@ -210,6 +217,7 @@ class FencedTask(Task):  # type: ignore[misc]
                 # The store had lost its marks (or was new) and was armed with a floor minted
                 # after this token: not a newer execution. Mint a fresh token (above the floor).
                 self._end(execution, keep_lease=False)
+                skip_block_below_floor(source, exc)
                 if remint:
                     remint = in_block = False
                     logger.info("task %s[%s]: %s; minting a fresh token", self.name, request.id, exc)
@@ -373,6 +381,8 @@ class FencedTask(Task):  # type: ignore[misc]
             # retry would find it applied and end the task with the rest undone: the error is
             # then the body's).
             not_newer = isinstance(exc, (BelowFloorError, EffectPendingError, GateUnavailableError))
+            if isinstance(exc, BelowFloorError):
+                skip_block_below_floor(execution.floor_source, exc)
             self._fenced_out(
                 exc,
                 execution.token.resource,
@@ -418,7 +428,15 @@ class FencedTask(Task):  # type: ignore[misc]
             execution.seals_with_result = True
             return
         try:
-            backend.seal_result(execution.task_id, execution)
+            try:
+                backend.seal_result(execution.task_id, execution)
+            except BelowFloorError as exc:
+                # Unclaimed, the seal is the result store's first sight of the token.
+                fresh = remint_unclaimed(execution, exc)
+                if fresh is None:
+                    raise
+                request.fencing_token = fresh
+                backend.seal_result(execution.task_id, execution)
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
 

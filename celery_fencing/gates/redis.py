@@ -467,16 +467,17 @@ class RedisGate:
         """
         return self._floors.arm(resource, floor, self.source)
 
-    def ensure_armed(self, resource: str, source: TokenSource | None = None) -> None:
+    def ensure_armed(self, resource: str, source: TokenSource | None = None) -> int | None:
         """Arm the store of *resource* from *source* (else the gate's) if it has no floor; once per floor key.
 
         A fenced task calls this before it mints, so its token is above a
-        floor set now. Later losses are the scripts' to find.
+        floor set now. Later losses are the scripts' to find. Returns the
+        floor in force, or ``None`` when the key was already known armed.
 
         :raises StoreUnarmedError: the store is unarmed and there is no source.
         :raises GateUnavailableError: Redis failed or could not be reached.
         """
-        self._floors.ensure(resource, source or self.source)
+        return self._floors.ensure(resource, source or self.source)
 
     def floor(self, resource: str = FLOOR_RESOURCE) -> int | None:
         """Return the store's floor (of *resource*'s hash tag in a cluster), or ``None`` when it is unarmed.

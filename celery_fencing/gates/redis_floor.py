@@ -171,16 +171,20 @@ class StoreFloors:
         except RedisError as exc:
             self._unavailable(exc)
 
-    def ensure(self, resource: str, source: TokenSource | None) -> None:
-        """Arm the store of *resource* from *source* if it has no floor; checked once per floor key."""
+    def ensure(self, resource: str, source: TokenSource | None) -> int | None:
+        """Arm the store of *resource* from *source* if it has no floor; checked once per floor key.
+
+        Returns the floor in force when the key was looked at, ``None`` when it was already known armed.
+        """
         key = self.key(resource)
         if key in self._armed:
-            return
+            return None
         try:
-            if not self.client.exists(key):
-                arm_unarmed_store(self._script, key, source, self.store)
+            raw = self.client.get(key)
+            floor = arm_unarmed_store(self._script, key, source, self.store) if raw is None else decode_floor(raw)
         except RedisError as exc:
             self._unavailable(exc)
         if len(self._armed) >= _MAX_REMEMBERED:
             self._armed.clear()
         self._armed.add(key)
+        return floor

@@ -211,6 +211,15 @@ class SQLiteTokenSource:
             return FencingToken(resource, taken[0], taken[1])
         return self._mint(resource, timeout, keep=False)
 
+    def skip_block_below(self, floor: int) -> bool:
+        """Hand out no token of this process's block below *floor*: a store armed with it refuses them.
+
+        A fenced task calls it with the floors it finds, so that its next draw
+        is not refused (see :mod:`celery_fencing.blocks`); returns whether any
+        token was skipped.
+        """
+        return self._block.skip_below(floor)
+
     def _mint(self, resource: str, timeout: float | None, *, keep: bool) -> FencingToken:
         validate_resource(resource)
         if self._closed:

@@ -53,6 +53,16 @@ def test_a_block_is_only_for_the_session_it_was_reserved_in() -> None:
     assert block.take(session=111) == (1, "g")
 
 
+def test_a_block_skips_its_values_below_a_floor_and_keeps_the_rest() -> None:
+    """skip_below(floor) leaves floor..last to hand out; a floor at or below the next value skips nothing."""
+    block = TokenBlock()
+    block.install(10, 19, "g")
+    assert block.skip_below(10) is False and block.left() == 10
+    assert block.skip_below(15) is True and block.take() == (15, "g")
+    assert block.skip_below(100) is True and block.take() is None and block.left() == 0
+    assert block.skip_below(200) is False, "an empty block has nothing to skip"
+
+
 def test_a_block_never_crosses_fork() -> None:
     """A forked child finds its parent's block empty, so two processes never hand out one token."""
     block = TokenBlock()
@@ -175,6 +185,20 @@ def test_zookeeper_fresh_mint_is_above_every_block_handed_out_before(
     assert fresh.value > later.value
     assert old.mint_in_block("task-y").value == fresh.value + 1, "the fresh write's block replaces the old one"
     assert old.ceiling() >= max(later.value, fresh.value + DEFAULT_BLOCK_SIZE - 1)
+
+
+def test_zookeeper_block_skips_below_a_floor_minted_by_another_process(
+    make_source: Callable[..., ZooKeeperTokenSource],
+) -> None:
+    """A floor minted after this process reserved its block is above all of it: skipping uses the block up,
+    so the next token is a fresh write, above the floor; the other process's block is untouched."""
+    old, new = make_source(), make_source()
+    old.mint_in_block("warm-up")
+    floor = new.mint_transient("celery-fencing:floor")  # another process arms a store
+    assert old.mint_in_block("task-a").value < floor.value, "the premise: the old block is below the floor"
+    assert old.skip_block_below(floor.value) is True
+    assert old.mint_in_block("task-b").value > floor.value
+    assert new.skip_block_below(floor.value) is False and new.mint_in_block("task-c").value == floor.value + 1
 
 
 def test_zookeeper_block_is_dropped_with_its_session(

@@ -292,6 +292,15 @@ class ZooKeeperTokenSource:
                 return FencingToken(name, taken[0], taken[1])
         return self.mint_transient(name, timeout=timeout)
 
+    def skip_block_below(self, floor: int) -> bool:
+        """Hand out no token of this process's block below *floor*: a store armed with it refuses them.
+
+        A fenced task calls it with the floors it finds, so that its next draw
+        is not refused (see :mod:`celery_fencing.blocks`); returns whether any
+        token was skipped.
+        """
+        return self._block.skip_below(floor)
+
     def _mint(
         self, names: list[str], paths: list[str], timeout: float | None, *, reserve: bool = False
     ) -> list[FencingToken]:

@@ -1,0 +1,206 @@
+"""A block of tokens reserved before a store's floor: a first delivery is neither refused for it nor loses its result.
+
+A worker process draws tokens from a block (celery_fencing.blocks); a store
+armed afterwards (by another process, or an operator) has a floor above the
+whole block and refuses its tokens. A first delivery claims nothing, so its
+first contact with such a store is a write: its gated write (refused, then a
+Celery retry) or its result write (refused, and the result dropped: the
+task's caller waits for ever). Found by the benchmark's smoke test in CI, where
+two pool processes armed the gate's store and the result store in turn.
+
+So a fenced task skips its block's tokens below every floor it finds when it
+arms its stores, and an unclaimed execution refused below a floor at its seal
+or result write mints fresh, as its claim would have. An embedded worker
+(celery.contrib.testing) in this process, on the real Redis (broker, fenced
+result backend, a RedisGate) and a real SQLite source; a second source on the
+same file is the other process. Each test has its control: the same scenario
+with the rule patched out shows the retry or the lost result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from celery_fencing import RedisGate
+from celery_fencing.celery import FencedTask, signals
+from celery_fencing.sources.sqlite import SQLiteTokenSource
+
+from .conftest import embedded_app
+
+TIMEOUT = 30
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path, unique_name: str) -> Iterator[Celery]:
+    with embedded_app("block-floors-test", redis_url, tmp_path, unique_name) as app:
+        app.conf.fencing_retry_countdown = 0
+        yield app
+
+
+@pytest.fixture
+def other_process(tmp_path: Path) -> Iterator[SQLiteTokenSource]:
+    """The same token file as the worker's source, with a block of its own: another worker process."""
+    source = SQLiteTokenSource(tmp_path / "tokens.db")
+    yield source
+    source.close()
+
+
+class Watch:
+    """The fencing signals a run sends: rejections, dropped results (with an event to wait on)."""
+
+    def __init__(self) -> None:
+        self.rejected: list[tuple[str, str]] = []
+        self.dropped: list[dict[str, Any]] = []
+        self.dropped_event = threading.Event()
+
+    def __enter__(self) -> Watch:
+        signals.fencing_rejected.connect(self._on_rejected, weak=False)
+        signals.result_dropped.connect(self._on_dropped, weak=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signals.fencing_rejected.disconnect(self._on_rejected)
+        signals.result_dropped.disconnect(self._on_dropped)
+
+    def _on_rejected(self, sender: Any, **kwargs: Any) -> None:
+        self.rejected.append((kwargs["phase"], kwargs["action"]))
+
+    def _on_dropped(self, sender: Any, **kwargs: Any) -> None:
+        self.dropped.append(kwargs)
+        self.dropped_event.set()
+
+
+def _tokens_task(app: Celery, **options: Any) -> tuple[Any, list[int]]:
+    tokens: list[int] = []
+
+    @app.task(bind=True, base=FencedTask, shared=False, **options)
+    def job(self: Any) -> int:
+        tokens.append(self.request.fencing_token.value)
+        return len(tokens)
+
+    return job, tokens
+
+
+def _result_store_floor_above_the_block(app: Celery, job: Any, other: SQLiteTokenSource) -> int:
+    """Run *job* once (the worker reserves its block), then arm the result store from *other*; return the floor."""
+    assert job.delay().get(timeout=TIMEOUT) == 1
+    return int(app.backend.arm(other.mint_transient("celery-fencing:floor")))
+
+
+def test_a_first_delivery_below_the_result_store_floor_mints_fresh_and_stores_its_result(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """The result write meets the floor first: the execution mints fresh, and its result is stored, not dropped."""
+    job, tokens = _tokens_task(app)
+    with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other_process)
+        second = job.delay()
+        assert second.get(timeout=TIMEOUT) == 2
+    assert tokens[1] < floor, "the second execution drew its token from the block reserved before the floor"
+    assert watch.dropped == [] and watch.rejected == []
+
+
+def test_control_without_the_fresh_mint_the_first_delivery_loses_its_result(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the result write refused below the floor is dropped, and the task's result never arrives."""
+    monkeypatch.setattr("celery_fencing.celery.backend.remint_unclaimed", lambda execution, exc: None)
+    job, tokens = _tokens_task(app)
+    with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other_process)
+        second = job.delay()
+        assert watch.dropped_event.wait(TIMEOUT), "no result_dropped signal"
+        assert second.state == "PENDING"
+    assert tokens[1] < floor
+    assert [(d["task_id"], d["state"], d["high_water"]) for d in watch.dropped] == [(second.id, "SUCCESS", floor)]
+
+
+def _chained_run(app: Celery, other: SQLiteTokenSource) -> tuple[Any, list[int], list[int], int]:
+    """A task with a callback (it seals before its result write), run after the result store got a new floor."""
+    job, tokens = _tokens_task(app)
+    calls: list[int] = []
+
+    @app.task(shared=False)
+    def after(value: int) -> None:
+        calls.append(value)
+
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other)
+        chained = job.apply_async(link=after.s())
+        value = chained.get(timeout=TIMEOUT)
+        assert value >= 2
+    return chained, tokens, calls, floor
+
+
+def test_a_first_delivery_with_a_callback_below_the_floor_mints_fresh_at_its_seal(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """The seal meets the floor first: the execution mints fresh and seals; the body ran once, the callback once."""
+    with Watch() as watch:
+        chained, tokens, calls, floor = _chained_run(app, other_process)
+    assert chained.result == 2 and len(tokens) == 2 and tokens[1] < floor
+    assert calls == [2] and watch.rejected == [] and watch.dropped == []
+
+
+def test_control_without_the_fresh_mint_the_refused_seal_retries_the_body(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the refused seal is taken for an outage and the task retried: its body runs a second time."""
+    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", lambda execution, exc: None)
+    with Watch() as watch:
+        chained, tokens, calls, floor = _chained_run(app, other_process)
+    assert len(tokens) == 3 and tokens[1] < floor < tokens[2]
+    assert chained.result == 3 and calls == [3], "the result and the callback are the second run's"
+    assert watch.rejected == [("body", "retry")]
+
+
+def _gated_run(app: Celery, redis_url: str, unique_name: str, other: SQLiteTokenSource) -> tuple[list[int], int, Any]:
+    """Run a task without gates (the worker reserves its block), arm a new gate's store from *other*, then
+    run a task writing through that gate; return the gated task's tokens, the gate's floor and its result."""
+    plain, _ = _tokens_task(app)
+    gate = RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:gate")
+    tokens: list[int] = []
+
+    @app.task(bind=True, base=FencedTask, fencing_gates=[gate], shared=False)
+    def gated(self: Any) -> str:
+        tokens.append(self.request.fencing_token.value)
+        gate.set(None, f"{unique_name}:k", "v")
+        return "written"
+
+    with start_worker(app, pool="solo", perform_ping_check=False):
+        assert plain.delay().get(timeout=TIMEOUT) == 1
+        floor = gate.arm(other.mint_transient("celery-fencing:floor"))
+        result = gated.delay()
+        assert result.get(timeout=TIMEOUT) == "written"
+    assert gate.get(f"{unique_name}:k") == b"v"
+    return tokens, floor, result
+
+
+def test_a_block_below_a_floor_found_when_arming_is_skipped_before_the_first_write(
+    app: Celery, redis_url: str, unique_name: str, other_process: SQLiteTokenSource
+) -> None:
+    """A store armed by another process after this one reserved its block: its floor, read when the task arms
+    its stores, makes the task skip the block's lower tokens, so the first delivery's write is not refused."""
+    with Watch() as watch:
+        tokens, floor, _ = _gated_run(app, redis_url, unique_name, other_process)
+    assert len(tokens) == 1 and tokens[0] >= floor
+    assert watch.rejected == []
+
+
+def test_control_without_the_skip_the_first_write_is_refused_and_retried(
+    app: Celery, redis_url: str, unique_name: str, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: drawing the block's lower token, the first write is refused below the floor and the task retried."""
+    monkeypatch.setattr(SQLiteTokenSource, "skip_block_below", lambda self, floor: False)
+    with Watch() as watch:
+        tokens, floor, _ = _gated_run(app, redis_url, unique_name, other_process)
+    assert len(tokens) == 2 and tokens[0] < floor <= tokens[1]
+    assert watch.rejected == [("body", "retry")]
