@@ -127,16 +127,19 @@ def _chained_run(app: Celery, other: SQLiteTokenSource) -> tuple[Any, list[int],
     """A task with a callback (it seals before its result write), run after the result store got a new floor."""
     job, tokens = _tokens_task(app)
     calls: list[int] = []
+    called = threading.Event()
 
     @app.task(shared=False)
     def after(value: int) -> None:
         calls.append(value)
+        called.set()
 
     with start_worker(app, pool="solo", perform_ping_check=False):
         floor = _result_store_floor_above_the_block(app, job, other)
         chained = job.apply_async(link=after.s())
-        value = chained.get(timeout=TIMEOUT)
-        assert value >= 2
+        assert chained.get(timeout=TIMEOUT) >= 2
+        # The callback is a task of its own, sent before the result is stored: wait for it here.
+        assert called.wait(TIMEOUT), "the callback never ran"
     return chained, tokens, calls, floor
 
 
