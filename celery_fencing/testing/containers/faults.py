@@ -10,9 +10,17 @@ sockets on that network go dead without a reset, as behind a broken switch.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .lab import ContainerLab
+
+#: ``docker pause`` attempts before giving up. The cgroup freezer gives up on its
+#: own when a process does not reach the frozen state in time (busy machine, a
+#: process mid-syscall), thaws the container and reports "unable to freeze"; a
+#: second attempt a moment later freezes it (moby/moby#48205).
+PAUSE_ATTEMPTS = 5
+PAUSE_RETRY_DELAY = 0.2
 
 
 class ContainerFaults:
@@ -24,8 +32,17 @@ class ContainerFaults:
         self._cut: list[tuple[Any, Any]] = []
 
     def pause(self, container: Any) -> None:
-        """Freeze every process of *container* (``docker pause``)."""
-        container._container.pause()
+        """Freeze every process of *container* (``docker pause``), retrying a freeze the kernel gave up on."""
+        import docker.errors  # type: ignore[import-untyped]
+
+        for attempt in range(1, PAUSE_ATTEMPTS + 1):
+            try:
+                container._container.pause()
+                break
+            except docker.errors.APIError as exc:
+                if "unable to freeze" not in str(exc) or attempt == PAUSE_ATTEMPTS:
+                    raise
+                time.sleep(PAUSE_RETRY_DELAY * attempt)  # back off; the runtime has thawed it again
         self._paused.append(container)
 
     def unpause(self, container: Any) -> None:
