@@ -109,13 +109,24 @@ class Execution:
     #: Where a gate that finds its store unarmed (new, or it lost its marks) takes
     #: the floor from: the worker's token source. ``None`` outside a fenced task.
     floor_source: TokenSource | None = None
-    #: Whether the execution claimed its token before its body: the first delivery of a
-    #: task fenced on its own id does not (see :func:`celery_fencing.celery.claims.first_delivery`).
+    #: Whether the execution claimed its token on its gates before its body: the first delivery
+    #: of a task fenced on its own id does not (see :func:`celery_fencing.celery.claims.first_delivery`).
     claimed: bool = True
+    #: Whether it claimed its token on the task's result: no first delivery does.
+    result_claimed: bool = True
+    #: The token of the seal and the result write when not :attr:`token`: minted fresh after
+    #: the result store refused :attr:`token` below its floor (see
+    #: :func:`celery_fencing.celery.claims.remint_unclaimed`). The body's writes keep :attr:`token`.
+    fresh_result_token: FencingToken | None = None
     #: Gated writes the execution began (each asks :meth:`applied_record` before its I/O).
     write_attempts: int = 0
     # applied_record(), made once: every gated write of the execution asks for it.
     _record: AppliedRecord | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def result_token(self) -> FencingToken:
+        """The token the execution seals and writes its result with."""
+        return self.fresh_result_token or self.token
 
     def applied_record(self) -> AppliedRecord | None:
         """The record a gate writes with this execution's effects, or ``None`` without exactly-once."""

@@ -40,7 +40,7 @@ from redis.exceptions import ResponseError
 from ..context import Execution, floor_source
 from ..exceptions import BelowFloorError, FencingError, GateUnavailableError
 from ..gates.redis_batch import ScriptCall
-from ..gates.redis_floor import arm_unarmed_store, decode_floor, encode_floor, is_unarmed_refusal, raise_floor
+from ..gates.redis_floor import arm_unarmed_store, encode_floor, found_floor, is_unarmed_refusal, raise_floor
 from ..gates.redis_scripts import (
     ARM_SCRIPT,
     CLAIM_RESULT_SCRIPT,
@@ -146,10 +146,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         if self._armed_client == id(client):
             return None
         raw = self.ensure(client.get, (self.floor_key,))
-        if raw is None:
-            floor = arm_unarmed_store(self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
-        else:
-            floor = decode_floor(raw)
+        floor = found_floor(raw, self._registered_arm(), self.floor_key, source, "FencedRedisBackend")
         self._armed_client = id(client)
         return floor
 
@@ -207,7 +204,7 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
         _, _, seal = self._registered()
-        token = execution.token
+        token = execution.result_token
         args = [*self._claim_args(token), execution.execution_id]
         keys = [self.get_key_for_fence(task_id), self.floor_key]
         self._check_reply(self._call(seal, keys, args, execution.floor_source), task_id, token)
@@ -260,7 +257,8 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         token = token_of(request)
         execution = execution_of(request) if token else None
         if execution is not None:
-            token = execution.token  # the same, unless a floor made the execution mint afresh
+            token = execution.result_token  # its token, unless its seal met a floor and minted afresh
+        seals = execution is not None and execution.seals_with_result and state == states.SUCCESS
         write, _, _ = self._registered()
         keys = [self.get_key_for_task(task_id), self.get_key_for_fence(task_id), self.floor_key]
 
@@ -275,14 +273,15 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
                 (token.grantor or "") if token else "",
                 # '-' is never an execution id: a writer without one never matches a seal.
                 execution.execution_id if execution is not None else "-",
-                "1" if execution is not None and execution.seals_with_result and state == states.SUCCESS else "0",
+                "1" if seals else "0",
                 self._fence_expiry(state),
             ]
 
         source = execution.floor_source if execution is not None else None
         reply = self._call(write, keys, args(token), source)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
-        if refusal is not None and refusal[0] == "floor" and execution is not None:
+        if refusal is not None and refusal[0] == "floor" and seals:
+            assert execution is not None
             fresh = self._remint(execution, refusal[1], bytes_to_str(task_id))
             if fresh is not None:
                 token = fresh
@@ -292,14 +291,18 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
             report_refused_write(self, bytes_to_str(task_id), state, token, *refusal)
         return result
 
-    @staticmethod
-    def _remint(execution: Execution, floor: str, task_id: str) -> FencingToken | None:
-        """A fresh token for an unclaimed execution whose result write met the floor first, else ``None``."""
+    def _remint(self, execution: Execution, floor: str, task_id: str) -> FencingToken | None:
+        """A fresh token for an unclaimed execution whose sealing result write met the floor, else ``None``.
+
+        Never for another write: see :func:`~.claims.remint_unclaimed`. Such a
+        write below the floor is refused and reported (``result_dropped``).
+        """
         if not floor.isdigit():
             return None
-        below = BelowFloorError(resource=execution.token.resource, token=execution.token.value, floor=int(floor))
+        token = execution.result_token
+        below = BelowFloorError(resource=token.resource, token=token.value, floor=int(floor))
         try:
-            return remint_unclaimed(execution, below)
+            return remint_unclaimed(execution, below, read_settings(self.app.conf).timeout)
         except FencingError as exc:
             # Never raise from the backend (see the module's docstring): the write is reported dropped.
             logger.warning("task %s: no fresh token for its result write (%s)", task_id, exc)

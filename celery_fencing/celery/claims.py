@@ -77,34 +77,42 @@ def skip_block_below_floor(source: object, exc: BelowFloorError) -> None:
         source.skip_block_below(exc.high_water)
 
 
-def remint_unclaimed(execution: Execution, exc: BelowFloorError) -> FencingToken | None:
-    """Give an unclaimed execution refused below a store's floor a fresh token; ``None`` for a claimed one.
+def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float | None = None) -> FencingToken | None:
+    """A fresh result token for an execution that did not claim its result, refused below the result store's floor.
 
-    The claim a first delivery skipped would have met that floor before the
-    body and minted fresh (see ``FencedTask._start_fencing``). Met at its seal
-    or its result write instead, the refusal means the same: the token came
-    from a block reserved before the store was armed, not that a newer
-    execution exists. The fresh token is the execution's from then on. A
-    claimed execution passed the floor at its claim: a floor above its token
-    now means the store lost its data since, and the refusal stands.
+    ``None`` when the execution claimed its result. The result claim a first
+    delivery skips would have met that floor before the body and minted fresh
+    (see ``FencedTask._start_fencing``). Met at the seal instead, the refusal
+    means the same: the token came from a block reserved before the store was
+    armed, not that a newer execution exists. The fresh token becomes the
+    execution's :attr:`~celery_fencing.context.Execution.result_token`; its
+    body's writes (already made) keep its token. A claimed execution passed
+    the floor at its claim: a floor above its token now means the store lost
+    its data since, and the refusal stands.
+
+    Only for the sealing write: the seal is ordered by who seals first, not by
+    token (a newer execution that sealed makes this one's seal "already
+    applied"). A fresh token on any other write (FAILURE, RETRY, a progress
+    state) would be above a newer execution's claim and overwrite its state.
 
     :raises TokenUnavailableError: the source could not mint.
     """
     source = execution.floor_source
-    if execution.claimed or source is None:
+    if execution.result_claimed or source is None:
         return None
     skip_block_below_floor(source, exc)
     mint = source.mint_transient if isinstance(source, TransientSource) else source.mint
-    fresh: FencingToken = mint(execution.token.resource)
+    resource = execution.token.resource
+    fresh: FencingToken = mint(resource) if timeout is None else mint(resource, timeout=timeout)
     logger.info(
-        "task %s: token %s is below a store's floor %s (a block reserved before the store was armed); "
-        "minted a fresh token %s",
+        "task %s: token %s is below the result store's floor %s (a block reserved before the store was armed); "
+        "sealing with a fresh token %s",
         execution.task_id,
-        execution.token.value,
+        execution.result_token.value,
         exc.high_water,
         fresh.value,
     )
-    execution.token = fresh
+    execution.fresh_result_token = fresh
     return fresh
 
 

@@ -241,7 +241,7 @@ class FencedResultRows:
         :raises AlreadyAppliedError: another execution of this task sealed first.
         :raises GrantorMismatchError: the result is fenced by another grantor's token.
         """
-        self._judged(task_id, execution.token, execution.execution_id, ordered=False, seal=True)
+        self._judged(task_id, execution.result_token, execution.execution_id, ordered=False, seal=True)
 
     def _judged(
         self, task_id: str, token: FencingToken, execution_id: str | None, *, ordered: bool, seal: bool

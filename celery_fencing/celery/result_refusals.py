@@ -53,7 +53,10 @@ def refusal_reason(kind: str, detail: str, token: FencingToken | None) -> str:
     if kind == "corrupt":
         return "the fence hash holds no valid mark"
     if kind == "floor":
-        return f"token below the store's floor {int(detail)} (the store lost its data after the token was minted)"
+        return (
+            f"token below the store's floor {int(detail)} (the store lost its data, or was new, "
+            "after the token was minted or its block reserved)"
+        )
     if kind == "unarmed":
         return "the store holds no floor (new, or it lost its data)"
     return "stale token"

@@ -203,8 +203,9 @@ class FencedTask(Task):  # type: ignore[misc]
             # task claims nothing, on a domain resource only its gates (other tasks contend there).
             first = not settings.claim_first_delivery and first_delivery(request, execution)
             if first and resource_is_task_id and mode != "exclusive":
-                execution.claimed = False
+                execution.claimed = execution.result_claimed = False
                 return execution
+            execution.result_claimed = not first and not request.ignore_result
             held = request.fencing_lease
             try:
                 with token_context(execution):  # the gates read the execution's retention from it
@@ -432,11 +433,9 @@ class FencedTask(Task):  # type: ignore[misc]
                 backend.seal_result(execution.task_id, execution)
             except BelowFloorError as exc:
                 # Unclaimed, the seal is the result store's first sight of the token.
-                fresh = remint_unclaimed(execution, exc)
-                if fresh is None:
+                if remint_unclaimed(execution, exc, self._settings().timeout) is None:
                     raise
-                request.fencing_token = fresh
-                backend.seal_result(execution.task_id, execution)
+                backend.seal_result(execution.task_id, execution)  # with the fresh result token
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
 

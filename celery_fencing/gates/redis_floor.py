@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from redis.exceptions import RedisError, ResponseError
 
-from ..exceptions import FencingConfigurationError, InvalidArgumentError, StoreUnarmedError
+from ..exceptions import FencingConfigurationError, GateUnavailableError, InvalidArgumentError, StoreUnarmedError
 from ..protocols import TokenSource, TransientSource
 from ..token import FencingToken, validate_resource
 from .redis_keys import MARK_WIDTH, decode_mark, encode_mark, hash_tag
@@ -27,6 +27,7 @@ __all__ = [
     "arm_unarmed_store",
     "decode_floor",
     "encode_floor",
+    "found_floor",
     "is_unarmed_refusal",
     "mint_floor",
     "raise_floor",
@@ -50,6 +51,22 @@ def decode_floor(raw: str | bytes) -> int:
     """The value of a stored floor (see :func:`encode_floor`)."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     return decode_mark(text[:MARK_WIDTH])
+
+
+def found_floor(
+    raw: str | bytes | None, arm_script: Any, key: str, source: TokenSource | None, store: str
+) -> int | None:
+    """The floor of the store whose floor *key* was read as *raw*, arming it from *source* when it has none.
+
+    ``None`` when the key holds something no gate wrote: the arming leaves it
+    alone, and every write's script refuses against it as corrupt, naming it.
+    """
+    if raw is None:
+        return arm_unarmed_store(arm_script, key, source, store)
+    try:
+        return decode_floor(raw)
+    except GateUnavailableError:
+        return None
 
 
 def encode_floor(floor: object) -> str:
@@ -181,7 +198,7 @@ class StoreFloors:
             return None
         try:
             raw = self.client.get(key)
-            floor = arm_unarmed_store(self._script, key, source, self.store) if raw is None else decode_floor(raw)
+            floor = found_floor(raw, self._script, key, source, self.store)
         except RedisError as exc:
             self._unavailable(exc)
         if len(self._armed) >= _MAX_REMEMBERED:

@@ -9,8 +9,11 @@ task's caller waits for ever). Found by the benchmark's smoke test in CI, where
 two pool processes armed the gate's store and the result store in turn.
 
 So a fenced task skips its block's tokens below every floor it finds when it
-arms its stores, and an unclaimed execution refused below a floor at its seal
-or result write mints fresh, as its claim would have. An embedded worker
+arms its stores, and an execution that did not claim its result, refused below
+the result store's floor at its seal (or its sealing result write), seals with
+a fresh token, as its claim would have. Only the seal: a fresh token on any
+other result write would pass a newer execution's claim and overwrite its
+state; and the body's own writes keep the execution's token. An embedded worker
 (celery.contrib.testing) in this process, on the real Redis (broker, fenced
 result backend, a RedisGate) and a real SQLite source; a second source on the
 same file is the other process. Each test has its control: the same scenario
@@ -20,6 +23,7 @@ with the rule patched out shows the retry or the lost result.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,10 +31,12 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.app.task import Context
 from celery.contrib.testing.worker import start_worker
 
 from celery_fencing import RedisGate
 from celery_fencing.celery import FencedTask, signals
+from celery_fencing.context import Execution
 from celery_fencing.sources.sqlite import SQLiteTokenSource
 
 from .conftest import embedded_app
@@ -112,7 +118,7 @@ def test_control_without_the_fresh_mint_the_first_delivery_loses_its_result(
     app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Control: the result write refused below the floor is dropped, and the task's result never arrives."""
-    monkeypatch.setattr("celery_fencing.celery.backend.remint_unclaimed", lambda execution, exc: None)
+    monkeypatch.setattr("celery_fencing.celery.backend.remint_unclaimed", lambda *args: None)
     job, tokens = _tokens_task(app)
     with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
         floor = _result_store_floor_above_the_block(app, job, other_process)
@@ -157,7 +163,7 @@ def test_control_without_the_fresh_mint_the_refused_seal_retries_the_body(
     app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Control: the refused seal is taken for an outage and the task retried: its body runs a second time."""
-    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", lambda execution, exc: None)
+    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", lambda *args: None)
     with Watch() as watch:
         chained, tokens, calls, floor = _chained_run(app, other_process)
     assert len(tokens) == 3 and tokens[1] < floor < tokens[2]
@@ -207,3 +213,93 @@ def test_control_without_the_skip_the_first_write_is_refused_and_retried(
         tokens, floor, _ = _gated_run(app, redis_url, unique_name, other_process)
     assert len(tokens) == 2 and tokens[0] < floor <= tokens[1]
     assert watch.rejected == [("body", "retry")]
+
+
+def test_a_first_delivery_on_a_domain_resource_below_the_result_floor_stores_its_result(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """On a domain resource a first delivery claims its gates but not its result: it too seals with a fresh token."""
+    job, tokens = _tokens_task(app, fencing_resource=f"account:{uuid.uuid4().hex}")
+    with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other_process)
+        assert job.delay().get(timeout=TIMEOUT) == 2
+    assert tokens[1] < floor and watch.dropped == [] and watch.rejected == []
+
+
+def test_control_on_a_domain_resource_without_the_fresh_mint_the_result_is_lost(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the domain resource's first delivery, its result write refused below the floor, loses its result."""
+    monkeypatch.setattr("celery_fencing.celery.backend.remint_unclaimed", lambda *args: None)
+    job, tokens = _tokens_task(app, fencing_resource=f"account:{uuid.uuid4().hex}")
+    with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other_process)
+        second = job.delay()
+        assert watch.dropped_event.wait(TIMEOUT), "no result_dropped signal"
+        assert second.state == "PENDING"
+    assert tokens[1] < floor and [d["state"] for d in watch.dropped] == ["SUCCESS"]
+
+
+def test_a_progress_state_below_the_floor_is_refused_and_the_body_keeps_its_token(
+    app: Celery, redis_url: str, unique_name: str, other_process: SQLiteTokenSource
+) -> None:
+    """update_state below the result floor is refused (no fresh token for it); the body's next write, with the
+    token it was given, still carries its applied record, and the result is sealed with a fresh token."""
+    job, _ = _tokens_task(app)
+    gate = RedisGate(redis.Redis.from_url(redis_url), prefix=f"{unique_name}:gate")
+    seen: list[tuple[int, int]] = []
+
+    @app.task(bind=True, base=FencedTask, fencing_gates=[gate], shared=False)
+    def stepped(self: Any) -> str:
+        given = self.request.fencing_token
+        self.update_state(state="PROGRESS", meta={"step": 1})
+        seen.append((given.value, self.request.fencing_execution.token.value))
+        gate.set(given, f"{unique_name}:k", "v")  # the token passed explicitly, as a user may
+        return "done"
+
+    gate.ensure_armed(f"{unique_name}:k", other_process)  # before the block: only the result floor is above it
+    with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+        floor = _result_store_floor_above_the_block(app, job, other_process)
+        result = stepped.delay()
+        assert result.get(timeout=TIMEOUT) == "done"
+    ((given, current),) = seen
+    assert given == current < floor, "the progress write left the body's token alone"
+    assert gate.applied(result.id, result.id) is not None, "the gated write recorded its task id"
+    assert [(d["state"], d["high_water"]) for d in watch.dropped] == [("PROGRESS", floor)]
+
+
+def _stale_failure_over_a_newer_claim(app: Celery, source: SQLiteTokenSource, *, fresh_failure_token: bool) -> str:
+    """E1, a first delivery holding a token of a block below the result floor, writes FAILURE after E2, a newer
+    execution of the task, claimed the result and wrote PROGRESS; return the state the result store keeps."""
+    backend = app.backend
+    task_id = str(uuid.uuid4())
+    old = source.mint(task_id)  # E1's token, from a block reserved before the store was armed
+    backend.arm(source.mint_transient("celery-fencing:floor"))
+    newer = source.mint(task_id)
+    backend.claim_result(task_id, newer)
+    e2 = Execution(newer, task_id=task_id, once=True, floor_source=source)
+    backend.store_result(task_id, {"step": 1}, "PROGRESS", request=Context(fencing_token=newer, fencing_execution=e2))
+    e1 = Execution(old, task_id=task_id, once=True, floor_source=source, claimed=False, result_claimed=False)
+    if fresh_failure_token:
+        e1.fresh_result_token = source.mint(task_id)  # what minting fresh at any result write would do
+    failure = RuntimeError("E1 failed")
+    backend.store_result(task_id, failure, "FAILURE", request=Context(fencing_token=old, fencing_execution=e1))
+    return str(backend.get_task_meta(task_id)["status"])
+
+
+def test_a_stale_first_delivery_below_the_floor_never_overwrites_a_newer_claims_state(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """E1's FAILURE, below the floor and not a seal, is refused as it is: E2's state stands, E1's is reported."""
+    with Watch() as watch:
+        assert _stale_failure_over_a_newer_claim(app, other_process, fresh_failure_token=False) == "PROGRESS"
+    assert [d["state"] for d in watch.dropped] == ["FAILURE"]
+
+
+def test_control_a_fresh_token_on_a_non_sealing_write_overwrites_the_newer_execution(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """Control: with a fresh token (above E2's claim) E1's FAILURE passes and overwrites E2's state."""
+    with Watch() as watch:
+        assert _stale_failure_over_a_newer_claim(app, other_process, fresh_failure_token=True) == "FAILURE"
+    assert watch.dropped == []
