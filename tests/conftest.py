@@ -55,6 +55,7 @@ ALONE = (
     "tests/cli/test_demo.py::test_ctrl_c_stops_workers_and_removes_files",
     "tests/sources/test_zookeeper.py::test_mint_many_times_out_when_the_server_does_not_answer",
     "tests/sources/test_zookeeper.py::test_minting_continues_across_a_leader_kill",
+    "tests/sources/test_zookeeper.py::test_frozen_server_bounds_an_in_flight_mint",
     "tests/examples/test_examples.py::test_bank_ledger_balances_on_postgresql",
 )
 # The session fixture of each such server, and the kind name under which the source and

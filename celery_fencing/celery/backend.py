@@ -51,7 +51,7 @@ from ..gates.redis_scripts import (
 )
 from ..protocols import TokenSource
 from ..token import FencingToken, fixed_width
-from .claims import remint_unclaimed
+from .claims import remint_unclaimed, skip_block_below_floor
 from .result_refusals import execution_of, refusal_error, report_refused_write, token_of
 from .settings import read_settings
 
@@ -280,27 +280,35 @@ class FencedRedisBackend(RedisBackend):  # type: ignore[misc]
         source = execution.floor_source if execution is not None else None
         reply = self._call(write, keys, args(token), source)
         refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
-        if refusal is not None and refusal[0] == "floor" and seals:
-            assert execution is not None
-            fresh = self._remint(execution, refusal[1], bytes_to_str(task_id))
-            if fresh is not None:
-                token = fresh
-                reply = self._call(write, keys, args(token), source)
+        below = self._below_floor(execution, refusal)
+        if below is not None and execution is not None:
+            fresh = self._remint(execution, below, bytes_to_str(task_id)) if seals else None
+            if fresh is None:
+                skip_block_below_floor(execution.floor_source, below)
+            else:
+                reply = self._call(write, keys, args(fresh), source)
                 refusal = parse_refusal(str(reply)) if isinstance(reply, ResponseError) else None
+                token = fresh
+                if refusal is None:
+                    execution.fresh_result_token = fresh  # it sealed: the result's token from now on
         if refusal is not None:
             report_refused_write(self, bytes_to_str(task_id), state, token, *refusal)
         return result
 
-    def _remint(self, execution: Execution, floor: str, task_id: str) -> FencingToken | None:
+    @staticmethod
+    def _below_floor(execution: Execution | None, refusal: tuple[str, str] | None) -> BelowFloorError | None:
+        """The *refusal* of an execution's result write as a :class:`BelowFloorError`, if it is one."""
+        if execution is None or refusal is None or refusal[0] != "floor" or not refusal[1].isdigit():
+            return None
+        token = execution.result_token
+        return BelowFloorError(resource=token.resource, token=token.value, floor=int(refusal[1]))
+
+    def _remint(self, execution: Execution, below: BelowFloorError, task_id: str) -> FencingToken | None:
         """A fresh token for an unclaimed execution whose sealing result write met the floor, else ``None``.
 
         Never for another write: see :func:`~.claims.remint_unclaimed`. Such a
         write below the floor is refused and reported (``result_dropped``).
         """
-        if not floor.isdigit():
-            return None
-        token = execution.result_token
-        below = BelowFloorError(resource=token.resource, token=token.value, floor=int(floor))
         try:
             return remint_unclaimed(execution, below, read_settings(self.app.conf).timeout)
         except FencingError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..context import Execution
 from ..exceptions import AlreadyAppliedError, BelowFloorError, FencingError, StaleTokenError
@@ -78,22 +78,24 @@ def skip_block_below_floor(source: object, exc: BelowFloorError) -> None:
 
 
 def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float | None = None) -> FencingToken | None:
-    """A fresh result token for an execution that did not claim its result, refused below the result store's floor.
+    """A fresh token to seal with, for an execution refused below the result store's floor that did not claim it.
 
     ``None`` when the execution claimed its result. The result claim a first
     delivery skips would have met that floor before the body and minted fresh
     (see ``FencedTask._start_fencing``). Met at the seal instead, the refusal
     means the same: the token came from a block reserved before the store was
-    armed, not that a newer execution exists. The fresh token becomes the
-    execution's :attr:`~celery_fencing.context.Execution.result_token`; its
-    body's writes (already made) keep its token. A claimed execution passed
-    the floor at its claim: a floor above its token now means the store lost
-    its data since, and the refusal stands.
+    armed, not that a newer execution exists. The caller seals with the fresh
+    token and, once that seal went through, makes it the execution's
+    :attr:`~celery_fencing.context.Execution.result_token`; the body's writes
+    (already made) keep its token. A claimed execution passed the floor at its
+    claim: a floor above its token now means the store lost its data since,
+    and the refusal stands.
 
-    Only for the sealing write: the seal is ordered by who seals first, not by
-    token (a newer execution that sealed makes this one's seal "already
-    applied"). A fresh token on any other write (FAILURE, RETRY, a progress
-    state) would be above a newer execution's claim and overwrite its state.
+    Only for the seal: seals are ordered by who seals first, not by token (a
+    newer execution that sealed makes this one's seal "already applied"). A
+    fresh token on any other write (FAILURE, RETRY, a progress state), or on
+    any write after a seal that did not go through, would be above a newer
+    execution's claim and overwrite its state.
 
     :raises TokenUnavailableError: the source could not mint.
     """
@@ -101,7 +103,11 @@ def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float 
     if execution.result_claimed or source is None:
         return None
     skip_block_below_floor(source, exc)
-    mint = source.mint_transient if isinstance(source, TransientSource) else source.mint
+    # As the execution's own token was minted (FencedTask._mint_execution): transient for a task id.
+    if execution.transient_retention is not None and declares(source, TransientSource):
+        mint = cast(TransientSource, source).mint_transient
+    else:
+        mint = source.mint
     resource = execution.token.resource
     fresh: FencingToken = mint(resource) if timeout is None else mint(resource, timeout=timeout)
     logger.info(
@@ -112,7 +118,6 @@ def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float 
         exc.high_water,
         fresh.value,
     )
-    execution.fresh_result_token = fresh
     return fresh
 
 
@@ -187,9 +192,10 @@ def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: 
         except AlreadyAppliedError:
             return True
         except FencingError as exc:
-            # A newer copy claimed (it will meet the record too) or the store is
-            # out of reach: keep waiting only on the former.
-            if not isinstance(exc, StaleTokenError):
+            # A newer copy claimed (it will meet the record too), the token is below
+            # the store's floor (an unclaimed execution's block token: it says nothing
+            # of the seal), or the store is out of reach: keep waiting, but on the last.
+            if not isinstance(exc, (StaleTokenError, BelowFloorError)):
                 return False
         if time.monotonic() >= deadline:
             return False

@@ -51,8 +51,10 @@ def refusal_reason(kind: str, detail: str, token: FencingToken | None) -> str:
     if kind in ("applied", "superseded"):
         return "another execution of the task sealed it"
     if kind == "corrupt":
-        return "the fence hash holds no valid mark"
-    if kind == "floor":
+        return (
+            "the store's floor key holds no valid floor" if detail == "floor" else "the fence hash holds no valid mark"
+        )
+    if kind == "floor" and detail.isdigit():
         return (
             f"token below the store's floor {int(detail)} (the store lost its data, or was new, "
             "after the token was minted or its block reserved)"

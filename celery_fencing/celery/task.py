@@ -433,9 +433,22 @@ class FencedTask(Task):  # type: ignore[misc]
                 backend.seal_result(execution.task_id, execution)
             except BelowFloorError as exc:
                 # Unclaimed, the seal is the result store's first sight of the token.
-                if remint_unclaimed(execution, exc, self._settings().timeout) is None:
+                try:
+                    fresh = remint_unclaimed(execution, exc, self._settings().timeout)
+                except TokenUnavailableError:
+                    # No fresh token: the refusal stands, taken for what it is (not a newer
+                    # execution): a retry, which finds the body's effects applied.
+                    raise exc from None
+                if fresh is None:
                     raise
-                backend.seal_result(execution.task_id, execution)  # with the fresh result token
+                execution.fresh_result_token = fresh
+                try:
+                    backend.seal_result(execution.task_id, execution)
+                except BaseException:
+                    # Only a seal that went through makes the fresh token the result's: a
+                    # FAILURE written with it would pass a newer execution's claim.
+                    execution.fresh_result_token = None
+                    raise
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
 

@@ -59,7 +59,9 @@ def found_floor(
     """The floor of the store whose floor *key* was read as *raw*, arming it from *source* when it has none.
 
     ``None`` when the key holds something no gate wrote: the arming leaves it
-    alone, and every write's script refuses against it as corrupt, naming it.
+    alone. Every script then refuses every token as ``corrupt`` (one shorter
+    than a floor counts as no floor: the script arms over it), so the store
+    fails closed until an operator clears the key.
     """
     if raw is None:
         return arm_unarmed_store(arm_script, key, source, store)

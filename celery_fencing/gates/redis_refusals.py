@@ -60,7 +60,8 @@ def _raise_fenced(kind: str, detail: str, token: FencingToken, record: AppliedRe
             token_resource=token.resource,
             expected_resource=detail,
         )
-    raise GateUnavailableError(f"{detail} does not hold a {MARK_WIDTH}-digit mark", gate="RedisGate")
+    what = "the store's floor key" if detail == "floor" else detail
+    raise GateUnavailableError(f"{what} does not hold a {MARK_WIDTH}-digit mark", gate="RedisGate")
 
 
 def raise_unavailable(exc: RedisError) -> NoReturn:

@@ -10,7 +10,8 @@ The refusal kinds:
 ===============  ===========================================================
 ``stale``        the token is below the mark (detail: the mark)
 ``grantor``      the mark belongs to another grantor (detail: its grantor id)
-``corrupt``      the mark key does not hold a 20-digit mark (detail: the key)
+``corrupt``      the mark key does not hold a 20-digit mark (detail: the key), or
+                 the floor key no floor (detail: ``floor``)
 ``owner``        the data belongs to another resource (detail: that resource)
 ``applied``      another, older execution of this task id applied here (detail:
                  its token, or ``-`` when the record names no token)
@@ -89,10 +90,12 @@ local function fence(mark, grantor, applied, token, token_grantor, execution, wh
 end
 -- floored(floor, token, token_grantor): the floor is "<20 digits>" or "<20 digits>:<grantor id>"
 -- (the grantor of the token it was minted as). A token of another grantor is not on
--- its scale: it passes here, and the marks' grantor check judges it.
+-- its scale: it passes here, and the marks' grantor check judges it. A floor key that
+-- holds anything else refuses every token (corrupt), never lets one through.
 local function floored(floor, token, token_grantor)
   if not floor or #floor < 20 then return 'FENCED unarmed -' end
   local value, floor_grantor = string.sub(floor, 1, 20), string.sub(floor, 22)
+  if not string.find(value, '^[0-9]+$') then return 'FENCED corrupt floor' end
   if floor_grantor ~= '' and token_grantor ~= '' and floor_grantor ~= token_grantor then return nil end
   if value > token then return 'FENCED floor ' .. value end
   return nil

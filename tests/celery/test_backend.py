@@ -9,10 +9,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from celery import Celery, states
 from celery.app.task import Context
 
-from celery_fencing import FencingToken
+from celery_fencing import FencingToken, MemoryTokenSource
+from celery_fencing.celery import signals
 from celery_fencing.celery.backend import FencedRedisBackend
 from tests.fixtures.services import armed
 
@@ -71,3 +73,33 @@ def test_a_fence_outlives_a_result_that_expires_before_the_redelivery_horizon(re
         if keys:
             backend.client.delete(*keys)
         app.close()
+
+
+@pytest.mark.parametrize("junk", ["x" * 20, "not a floor, not digits at all"])
+def test_a_floor_key_holding_no_floor_drops_every_fenced_write_and_never_raises(
+    app: Celery, junk: str, unique_name: str
+) -> None:
+    """A result floor key overwritten with something else fails closed: a fenced write is dropped and reported
+    (result_dropped names the key), never raised from the backend, never let through; arming leaves the key."""
+    backend = app.backend
+    backend.client.set(backend.floor_key, junk)
+    other = Celery("other-process", backend=app.conf.result_backend, set_as_current=False)
+    other.conf.result_backend_transport_options = app.conf.result_backend_transport_options
+    try:
+        assert other.backend.ensure_armed("t", MemoryTokenSource()) is None  # no floor read, no error
+    finally:
+        other.close()
+    dropped: list[dict[str, Any]] = []
+
+    def on_dropped(sender: Any, **kwargs: Any) -> None:
+        dropped.append(kwargs)
+
+    signals.result_dropped.connect(on_dropped, weak=False)
+    try:
+        for value in (1, 2**62):
+            backend.store_result("t", "ok", states.SUCCESS, request=request_with(FencingToken("t", value)))
+    finally:
+        signals.result_dropped.disconnect(on_dropped)
+    assert backend.get_task_meta("t")["status"] == states.PENDING
+    assert [d["reason"] for d in dropped] == ["the store's floor key holds no valid floor"] * 2
+    assert backend.client.get(backend.floor_key) == junk.encode()

@@ -33,8 +33,9 @@ import redis
 from celery import Celery
 from celery.app.task import Context
 from celery.contrib.testing.worker import start_worker
+from celery.signals import task_failure
 
-from celery_fencing import RedisGate
+from celery_fencing import RedisGate, TokenUnavailableError
 from celery_fencing.celery import FencedTask, signals
 from celery_fencing.context import Execution
 from celery_fencing.sources.sqlite import SQLiteTokenSource
@@ -171,6 +172,22 @@ def test_control_without_the_fresh_mint_the_refused_seal_retries_the_body(
     assert watch.rejected == [("body", "retry")]
 
 
+def test_a_seal_whose_fresh_mint_fails_is_retried_not_failed(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fresh token (the source out of reach): the refusal below the floor stands and is taken for what it is,
+    not a newer execution: the task is retried (a retry claims, above the floor) and ends with its result."""
+
+    def unavailable(*args: Any) -> None:
+        raise TokenUnavailableError("the source is out of reach")
+
+    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", unavailable)
+    with Watch() as watch:
+        chained, tokens, calls, floor = _chained_run(app, other_process)
+    assert len(tokens) == 3 and tokens[1] < floor < tokens[2]
+    assert chained.result == 3 and calls == [3] and watch.rejected == [("body", "retry")]
+
+
 def _gated_run(app: Celery, redis_url: str, unique_name: str, other: SQLiteTokenSource) -> tuple[list[int], int, Any]:
     """Run a task without gates (the worker reserves its block), arm a new gate's store from *other*, then
     run a task writing through that gate; return the gated task's tokens, the gate's floor and its result."""
@@ -226,11 +243,19 @@ def test_a_first_delivery_on_a_domain_resource_below_the_result_floor_stores_its
     assert tokens[1] < floor and watch.dropped == [] and watch.rejected == []
 
 
-def test_control_on_a_domain_resource_without_the_fresh_mint_the_result_is_lost(
+def test_control_on_a_domain_resource_counted_as_claimed_the_result_is_lost(
     app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Control: the domain resource's first delivery, its result write refused below the floor, loses its result."""
-    monkeypatch.setattr("celery_fencing.celery.backend.remint_unclaimed", lambda *args: None)
+    """Control: the first delivery counted as having claimed its result (as before result_claimed) is not given a
+    fresh token: its result write, refused below the floor, is dropped."""
+    start = FencedTask._start_fencing
+
+    def counted_as_claimed(self: FencedTask, args: Any, kwargs: Any) -> Execution:
+        execution = start(self, args, kwargs)
+        execution.result_claimed = True
+        return execution
+
+    monkeypatch.setattr(FencedTask, "_start_fencing", counted_as_claimed)
     job, tokens = _tokens_task(app, fencing_resource=f"account:{uuid.uuid4().hex}")
     with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
         floor = _result_store_floor_above_the_block(app, job, other_process)
@@ -303,3 +328,73 @@ def test_control_a_fresh_token_on_a_non_sealing_write_overwrites_the_newer_execu
     with Watch() as watch:
         assert _stale_failure_over_a_newer_claim(app, other_process, fresh_failure_token=True) == "FAILURE"
     assert watch.dropped == []
+
+
+def _seal_fails_after_the_fresh_mint(
+    app: Celery, other: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch, *, keep_fresh_token: bool
+) -> tuple[str, list[dict[str, Any]]]:
+    """E2, a newer execution of a task, claimed its result and wrote PROGRESS; then E1, the task's first delivery
+    (with a callback: it seals before its result write), below the floor, mints fresh and its second seal fails
+    (the connection drops), so the task fails. Return the state the result store keeps and the dropped writes.
+
+    *keep_fresh_token*: the execution keeps the fresh token after the failed seal (as when it was set before
+    the seal and never taken back)."""
+    job, tokens = _tokens_task(app)
+
+    @app.task(shared=False)
+    def after(value: int) -> None:
+        pass
+
+    seal = type(app.backend).seal_result
+    kept: dict[int, Any] = {}
+
+    def seal_then_drop(self: Any, task_id: str, execution: Execution) -> None:
+        if execution.fresh_result_token is None:
+            seal(self, task_id, execution)  # with the block's token: refused below the floor
+        else:
+            kept[id(execution)] = execution.fresh_result_token
+            raise redis.ConnectionError("connection dropped during the seal")
+
+    if keep_fresh_token:
+        monkeypatch.setattr(
+            Execution, "result_token", property(lambda self: self.fresh_result_token or kept.get(id(self), self.token))
+        )
+    failed = threading.Event()
+
+    def on_failure(sender: Any = None, **kwargs: Any) -> None:
+        failed.set()  # sent after Celery wrote the FAILURE
+
+    task_failure.connect(on_failure, weak=False)
+    try:
+        with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
+            floor = _result_store_floor_above_the_block(app, job, other)
+            task_id = str(uuid.uuid4())
+            newer = other.mint(task_id)
+            app.backend.claim_result(task_id, newer)
+            e2 = Context(fencing_token=newer, fencing_execution=Execution(newer, task_id=task_id, once=True))
+            app.backend.store_result(task_id, {"step": 1}, "PROGRESS", request=e2)
+            monkeypatch.setattr(type(app.backend), "seal_result", seal_then_drop)
+            job.apply_async(task_id=task_id, link=after.s())
+            assert failed.wait(TIMEOUT), "the task never failed"
+    finally:
+        task_failure.disconnect(on_failure)
+    assert len(tokens) == 2 and tokens[1] < floor and len(kept) == 1, "E1 drew a block token and minted fresh"
+    return str(app.backend.get_task_meta(task_id)["status"]), watch.dropped
+
+
+def test_a_seal_that_fails_after_the_fresh_mint_leaves_a_newer_executions_state_alone(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fresh token is the result's only once its seal went through: E1's FAILURE carries the block's token,
+    is refused below the floor and reported, and E2's state stands."""
+    state, dropped = _seal_fails_after_the_fresh_mint(app, other_process, monkeypatch, keep_fresh_token=False)
+    assert state == "PROGRESS"
+    assert [d["state"] for d in dropped] == ["FAILURE"]
+
+
+def test_control_a_fresh_token_kept_after_a_failed_seal_overwrites_the_newer_execution(
+    app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: kept after the failed seal, the fresh token (above E2's claim) carries E1's FAILURE over E2's state."""
+    state, dropped = _seal_fails_after_the_fresh_mint(app, other_process, monkeypatch, keep_fresh_token=True)
+    assert state == "FAILURE" and dropped == []

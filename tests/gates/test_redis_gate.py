@@ -18,6 +18,7 @@ from celery_fencing import (
     FencingToken,
     GateUnavailableError,
     InvalidTokenError,
+    MemoryTokenSource,
     RedisGate,
     ResourceMismatchError,
     StaleTokenError,
@@ -102,6 +103,23 @@ def test_corrupt_mark_is_refused_not_misread(gate: RedisGate, client: redis.Redi
     with pytest.raises(GateUnavailableError):
         gate.high_water("r")
     assert client.get(key) is None
+
+
+@pytest.mark.parametrize("junk", ["x" * 20, "not a floor, not digits at all", "0000000000000000004x:g"])
+def test_a_floor_key_holding_no_floor_refuses_every_token(
+    gate: RedisGate, client: redis.Redis, key: str, junk: str, unique_name: str
+) -> None:
+    """A floor key overwritten with something else fails closed: every token refused, arming leaves the key alone."""
+    client.set(gate.floor_key("r"), junk)
+    fresh_process = RedisGate(client, prefix=unique_name)  # has not looked at the floor key yet
+    assert fresh_process.ensure_armed("r", MemoryTokenSource()) is None, "no floor to skip below, and no error"
+    for token in (T("r", 5), T("r", 2**62)):
+        with pytest.raises(GateUnavailableError, match="floor key does not hold"):
+            gate.set(token, key, "v")
+        with pytest.raises(GateUnavailableError, match="floor key does not hold"):
+            gate.claim(token)
+    assert client.get(key) is None
+    assert client.get(gate.floor_key("r")) in (junk, junk.encode())
 
 
 # Scripts -------------------------------------------------------------------------
