@@ -192,10 +192,9 @@ def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: 
         except AlreadyAppliedError:
             return True
         except FencingError as exc:
-            # A newer copy claimed (it will meet the record too), the token is below
-            # the store's floor (an unclaimed execution's block token: it says nothing
-            # of the seal), or the store is out of reach: keep waiting, but on the last.
-            if not isinstance(exc, (StaleTokenError, BelowFloorError)):
+            # A newer copy claimed (it will meet the record too) or the store is
+            # out of reach: keep waiting only on the former.
+            if not isinstance(exc, StaleTokenError):
                 return False
         if time.monotonic() >= deadline:
             return False

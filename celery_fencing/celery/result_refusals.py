@@ -19,7 +19,14 @@ import logging
 from typing import Any
 
 from ..context import Execution
-from ..exceptions import AlreadyAppliedError, BelowFloorError, FencingError, GrantorMismatchError, StaleTokenError
+from ..exceptions import (
+    AlreadyAppliedError,
+    BelowFloorError,
+    FencingError,
+    GateUnavailableError,
+    GrantorMismatchError,
+    StaleTokenError,
+)
 from ..token import FencingToken
 from . import signals
 
@@ -78,6 +85,9 @@ def refusal_error(kind: str, detail: str, task_id: str, token: FencingToken) -> 
             applied_token=mark,
         )
     reason = refusal_reason(kind, detail, token)
+    if kind == "corrupt":
+        # Not a newer execution: the store is unusable until an operator repairs it.
+        return GateUnavailableError(f"result of task {task_id}: {reason}", gate="FencedRedisBackend")
     if kind == "grantor":
         return GrantorMismatchError(
             f"result of task {task_id}: {reason}",

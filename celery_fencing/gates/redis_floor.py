@@ -50,6 +50,8 @@ def mint_floor(source: TokenSource) -> FencingToken:
 def decode_floor(raw: str | bytes) -> int:
     """The value of a stored floor (see :func:`encode_floor`)."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if len(text) > MARK_WIDTH and text[MARK_WIDTH] != ":":
+        raise GateUnavailableError(f"floor key holds {text!r:.40}, not a floor", gate="RedisGate")
     return decode_mark(text[:MARK_WIDTH])
 
 

@@ -95,7 +95,9 @@ end
 local function floored(floor, token, token_grantor)
   if not floor or #floor < 20 then return 'FENCED unarmed -' end
   local value, floor_grantor = string.sub(floor, 1, 20), string.sub(floor, 22)
-  if not string.find(value, '^[0-9]+$') then return 'FENCED corrupt floor' end
+  if not string.find(value, '^[0-9]+$') or (#floor > 20 and string.sub(floor, 21, 21) ~= ':') then
+    return 'FENCED corrupt floor'
+  end
   if floor_grantor ~= '' and token_grantor ~= '' and floor_grantor ~= token_grantor then return nil end
   if value > token then return 'FENCED floor ' .. value end
   return nil
@@ -336,11 +338,15 @@ if ARGV[2] == '' then
   end
   if state == 'SUCCESS' then return redis.error_reply('FENCED tokenless over SUCCESS') end
 else
-  local below = floored(redis.call('GET', KEYS[3]), ARGV[2], ARGV[7])
-  if below then return redis.error_reply(below) end
+  -- The execution that sealed the task writes its result whatever the mark and the
+  -- floor: it finished first, and every other execution defers to it. Its id in
+  -- 'done' proves the hash outlived its seal, which passed the floor (perhaps with a
+  -- fresh token its later writes do not carry).
+  if done ~= ARGV[8] then
+    local below = floored(redis.call('GET', KEYS[3]), ARGV[2], ARGV[7])
+    if below then return redis.error_reply(below) end
+  end
   if owner and owner ~= ARGV[3] then return redis.error_reply('FENCED owner ' .. owner) end
-  -- The execution that sealed the task writes its result whatever the mark:
-  -- it finished first, and every other execution defers to it.
   if done ~= ARGV[8] then
     -- A sealing write is not ordered by tokens: the first execution to finish its body wins.
     local ordered = mark

@@ -13,7 +13,7 @@ import pytest
 from celery import Celery, states
 from celery.app.task import Context
 
-from celery_fencing import FencingToken, MemoryTokenSource
+from celery_fencing import FencingToken, GateUnavailableError, MemoryTokenSource
 from celery_fencing.celery import signals
 from celery_fencing.celery.backend import FencedRedisBackend
 from tests.fixtures.services import armed
@@ -75,12 +75,13 @@ def test_a_fence_outlives_a_result_that_expires_before_the_redelivery_horizon(re
         app.close()
 
 
-@pytest.mark.parametrize("junk", ["x" * 20, "not a floor, not digits at all"])
+@pytest.mark.parametrize("junk", ["x" * 20, "not a floor, not digits at all", "00000000000000000005junk"])
 def test_a_floor_key_holding_no_floor_drops_every_fenced_write_and_never_raises(
     app: Celery, junk: str, unique_name: str
 ) -> None:
     """A result floor key overwritten with something else fails closed: a fenced write is dropped and reported
-    (result_dropped names the key), never raised from the backend, never let through; arming leaves the key."""
+    (result_dropped names the key), never raised from the backend, never let through; a claim raises
+    GateUnavailableError (retried with backoff, not taken for a newer execution); arming leaves the key."""
     backend = app.backend
     backend.client.set(backend.floor_key, junk)
     other = Celery("other-process", backend=app.conf.result_backend, set_as_current=False)
@@ -100,6 +101,8 @@ def test_a_floor_key_holding_no_floor_drops_every_fenced_write_and_never_raises(
             backend.store_result("t", "ok", states.SUCCESS, request=request_with(FencingToken("t", value)))
     finally:
         signals.result_dropped.disconnect(on_dropped)
+    with pytest.raises(GateUnavailableError, match="floor key holds no valid floor"):
+        backend.claim_result("t", FencingToken("t", 2**62))  # the store is out of use, not a newer execution
     assert backend.get_task_meta("t")["status"] == states.PENDING
     assert [d["reason"] for d in dropped] == ["the store's floor key holds no valid floor"] * 2
     assert backend.client.get(backend.floor_key) == junk.encode()

@@ -398,3 +398,44 @@ def test_control_a_fresh_token_kept_after_a_failed_seal_overwrites_the_newer_exe
     """Control: kept after the failed seal, the fresh token (above E2's claim) carries E1's FAILURE over E2's state."""
     state, dropped = _seal_fails_after_the_fresh_mint(app, other_process, monkeypatch, keep_fresh_token=True)
     assert state == "FAILURE" and dropped == []
+
+
+def _sealed_with_a_fresh_token_then_written_with_the_block_token(
+    app: Celery, source: SQLiteTokenSource, *, writer_sealed: bool
+) -> str:
+    """E1 (unclaimed, a block token below the floor) sealed with a fresh token, then lost it (a soft time limit
+    between its seal and the bookkeeping), and writes its result with the block token. Return the state kept.
+
+    *writer_sealed*: the write is E1's own; else another execution's, with a token as old."""
+    backend = app.backend
+    task_id = str(uuid.uuid4())
+    old = source.mint(task_id)
+    backend.arm(source.mint_transient("celery-fencing:floor"))
+    e1 = Execution(old, task_id=task_id, once=True, floor_source=source, claimed=False, result_claimed=False)
+    e1.fresh_result_token = source.mint(task_id)
+    backend.seal_result(task_id, e1)
+    e1.fresh_result_token = None
+    writer = e1 if writer_sealed else Execution(old, task_id=task_id, once=True, claimed=False, result_claimed=False)
+    backend.store_result(task_id, "done", "SUCCESS", request=Context(fencing_token=old, fencing_execution=writer))
+    return str(backend.get_task_meta(task_id)["status"])
+
+
+def test_the_execution_that_sealed_writes_its_result_below_the_floor(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """The seal passed the floor; the sealer's own result write, with its older token, lands (its id is the seal)."""
+    with Watch() as watch:
+        assert _sealed_with_a_fresh_token_then_written_with_the_block_token(app, other_process, writer_sealed=True) == (
+            "SUCCESS"
+        )
+    assert watch.dropped == []
+
+
+def test_another_execution_with_the_same_old_token_is_still_refused_below_the_floor(
+    app: Celery, other_process: SQLiteTokenSource
+) -> None:
+    """Only the sealer skips the floor: the same write from an execution that did not seal is refused below it."""
+    with Watch() as watch:
+        state = _sealed_with_a_fresh_token_then_written_with_the_block_token(app, other_process, writer_sealed=False)
+    assert state == "PENDING" and [d["state"] for d in watch.dropped] == ["SUCCESS"]
+    assert "below the store's floor" in watch.dropped[0]["reason"]

@@ -105,7 +105,9 @@ def test_corrupt_mark_is_refused_not_misread(gate: RedisGate, client: redis.Redi
     assert client.get(key) is None
 
 
-@pytest.mark.parametrize("junk", ["x" * 20, "not a floor, not digits at all", "0000000000000000004x:g"])
+@pytest.mark.parametrize(
+    "junk", ["x" * 20, "not a floor, not digits at all", "0000000000000000004x:g", "00000000000000000005junk"]
+)
 def test_a_floor_key_holding_no_floor_refuses_every_token(
     gate: RedisGate, client: redis.Redis, key: str, junk: str, unique_name: str
 ) -> None:
