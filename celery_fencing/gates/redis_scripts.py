@@ -158,11 +158,15 @@ ARM_SCRIPT = """\
 -- KEYS[1] floor key
 -- ARGV[1] the floor: 20 digits, then ':<grantor id>' when it was minted with one
 -- ARGV[2] '1': only an unarmed store (a gate arming itself: whoever armed first wins);
---         '0': also raise a lower floor (an operator)
+--         '0': also raise a lower floor, or replace a key that holds no floor (an operator)
 -- returns the floor in force afterwards
 local floor = redis.call('GET', KEYS[1])
-if floor and #floor >= 20 and (ARGV[2] == '1' or string.sub(floor, 1, 20) >= string.sub(ARGV[1], 1, 20)) then
-  return floor
+if floor and #floor >= 20 then
+  -- A gate never replaces what it cannot read: the scripts refuse every token against it.
+  if ARGV[2] == '1' then return floor end
+  local value = string.sub(floor, 1, 20)
+  local valid = string.find(value, '^[0-9]+$') and (#floor == 20 or string.sub(floor, 21, 21) == ':')
+  if valid and value >= string.sub(ARGV[1], 1, 20) then return floor end
 end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_fencing import BelowFloorError, FencingToken, RedisGate, SQLiteTokenSource, StoreUnarmedError
+from celery_fencing import (
+    BelowFloorError,
+    FencingToken,
+    GateUnavailableError,
+    RedisGate,
+    SQLiteTokenSource,
+    StoreUnarmedError,
+)
 from celery_fencing.cli import main
 
 
@@ -90,3 +97,27 @@ def test_bad_arguments_are_one_line_and_change_nothing(
     (tmp_path / "marks.db").touch()
     code, out, err = arm(*args)
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("junk", ["x" * 20, "00000000000000000005junk"])
+def test_arm_replaces_a_floor_key_that_holds_no_floor(
+    client: redis.Redis, redis_url: str, unique_name: str, tmp_path: Path, junk: str
+) -> None:
+    """A junk floor key refuses every token (it fails closed); a task's own arming leaves it, the operator's
+    `arm` replaces it with a floor from the source, and tokens minted after it pass again."""
+    source = SQLiteTokenSource(tmp_path / "tokens.db")
+    gate = RedisGate(client, prefix=unique_name)
+    client.set(gate.floor_key("account:1"), junk)
+    assert RedisGate(client, prefix=unique_name).ensure_armed("account:1", source) is None
+    assert client.get(gate.floor_key("account:1")) == junk, "a task's arming never replaces what it cannot read"
+    with pytest.raises(GateUnavailableError, match="floor key"):
+        gate.set(source.mint("account:1"), f"{unique_name}:k", "v")
+    code, out, err = arm(
+        "--source", f"sqlite:///{tmp_path / 'tokens.db'}", "--gate", redis_url, "--redis-prefix", unique_name
+    )
+    assert (code, err) == (0, ""), err
+    floor = gate.floor()
+    assert floor is not None and f"floor {floor}" in out
+    gate.set(source.mint("account:1"), f"{unique_name}:k", "v")
+    assert client.get(f"{unique_name}:k") == "v"
+    source.close()
