@@ -77,7 +77,7 @@ def skip_block_below_floor(source: object, exc: BelowFloorError) -> None:
         source.skip_block_below(exc.high_water)
 
 
-def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float | None = None) -> FencingToken | None:
+def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float) -> FencingToken | None:
     """A fresh token to seal with, for an execution refused below the result store's floor that did not claim it.
 
     ``None`` when the execution claimed its result. The result claim a first
@@ -97,7 +97,7 @@ def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float 
     any write after a seal that did not go through, would be above a newer
     execution's claim and overwrite its state.
 
-    :raises TokenUnavailableError: the source could not mint.
+    :raises TokenUnavailableError: the source could not mint within *timeout* seconds.
     """
     source = execution.floor_source
     if execution.result_claimed or source is None:
@@ -108,8 +108,7 @@ def remint_unclaimed(execution: Execution, exc: BelowFloorError, timeout: float 
         mint = cast(TransientSource, source).mint_transient
     else:
         mint = source.mint
-    resource = execution.token.resource
-    fresh: FencingToken = mint(resource) if timeout is None else mint(resource, timeout=timeout)
+    fresh: FencingToken = mint(execution.token.resource, timeout=timeout)
     logger.info(
         "task %s: token %s is below the result store's floor %s (a block reserved before the store was armed); "
         "sealing with a fresh token %s",

@@ -56,7 +56,21 @@ __all__ = [
     "parse_refusal",
 ]
 
-FENCE_FUNCTION = """\
+# floor_value(floor): the 20 digits of a stored floor ("<20 digits>" or "<20 digits>:<grantor
+# id>"), or nil when the key holds something else. The one check of a floor's shape, for the
+# fence's floored() and for the arm script.
+FLOOR_VALUE_FUNCTION = """\
+local function floor_value(floor)
+  local value = string.sub(floor, 1, 20)
+  if #value < 20 or not string.find(value, '^[0-9]+$') then return nil end
+  if #floor > 20 and string.sub(floor, 21, 21) ~= ':' then return nil end
+  return value
+end
+"""
+
+FENCE_FUNCTION = (
+    FLOOR_VALUE_FUNCTION
+    + """\
 -- fence(mark, grantor, applied, token, token_grantor, execution, where): nil when the
 -- token may write, else the refusal "FENCED <kind> <detail>".
 --   mark       the stored mark (20 digits) or false
@@ -94,15 +108,14 @@ end
 -- holds anything else refuses every token (corrupt), never lets one through.
 local function floored(floor, token, token_grantor)
   if not floor or #floor < 20 then return 'FENCED unarmed -' end
-  local value, floor_grantor = string.sub(floor, 1, 20), string.sub(floor, 22)
-  if not string.find(value, '^[0-9]+$') or (#floor > 20 and string.sub(floor, 21, 21) ~= ':') then
-    return 'FENCED corrupt floor'
-  end
+  local value, floor_grantor = floor_value(floor), string.sub(floor, 22)
+  if not value then return 'FENCED corrupt floor' end
   if floor_grantor ~= '' and token_grantor ~= '' and floor_grantor ~= token_grantor then return nil end
   if value > token then return 'FENCED floor ' .. value end
   return nil
 end
 """
+)
 
 # keep(key, value, ttl): SET, with PX when ttl is not '0'. The fence state of a
 # transient resource (a task id, which is never fenced again once its task is
@@ -153,7 +166,9 @@ if ARGV[4] == '' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2],
 return 1
 """
 
-ARM_SCRIPT = """\
+ARM_SCRIPT = (
+    FLOOR_VALUE_FUNCTION
+    + """\
 -- Arm a store: give it a floor (see the module's docstring).
 -- KEYS[1] floor key
 -- ARGV[1] the floor: 20 digits, then ':<grantor id>' when it was minted with one
@@ -164,13 +179,13 @@ local floor = redis.call('GET', KEYS[1])
 if floor and #floor >= 20 then
   -- A gate never replaces what it cannot read: the scripts refuse every token against it.
   if ARGV[2] == '1' then return floor end
-  local value = string.sub(floor, 1, 20)
-  local valid = string.find(value, '^[0-9]+$') and (#floor == 20 or string.sub(floor, 21, 21) == ':')
-  if valid and value >= string.sub(ARGV[1], 1, 20) then return floor end
+  local value = floor_value(floor)
+  if value and value >= string.sub(ARGV[1], 1, 20) then return floor end
 end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 """
+)
 
 _ONE_KEY_HEADER = """\
 -- KEYS[1] mark key of the token's resource

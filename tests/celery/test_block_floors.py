@@ -293,6 +293,16 @@ def test_a_progress_state_below_the_floor_is_refused_and_the_body_keeps_its_toke
     assert [(d["state"], d["high_water"]) for d in watch.dropped] == [("PROGRESS", floor)]
 
 
+def _newer_execution_claims_and_reports_progress(app: Celery, source: SQLiteTokenSource, task_id: str) -> None:
+    """E2, a newer execution of *task_id* (a fresh token, above the floor), claims the result and writes PROGRESS."""
+    newer = source.mint(task_id)
+    app.backend.claim_result(task_id, newer)
+    e2 = Execution(newer, task_id=task_id, once=True, floor_source=source)
+    app.backend.store_result(
+        task_id, {"step": 1}, "PROGRESS", request=Context(fencing_token=newer, fencing_execution=e2)
+    )
+
+
 def _stale_failure_over_a_newer_claim(app: Celery, source: SQLiteTokenSource, *, fresh_failure_token: bool) -> str:
     """E1, a first delivery holding a token of a block below the result floor, writes FAILURE after E2, a newer
     execution of the task, claimed the result and wrote PROGRESS; return the state the result store keeps."""
@@ -300,10 +310,7 @@ def _stale_failure_over_a_newer_claim(app: Celery, source: SQLiteTokenSource, *,
     task_id = str(uuid.uuid4())
     old = source.mint(task_id)  # E1's token, from a block reserved before the store was armed
     backend.arm(source.mint_transient("celery-fencing:floor"))
-    newer = source.mint(task_id)
-    backend.claim_result(task_id, newer)
-    e2 = Execution(newer, task_id=task_id, once=True, floor_source=source)
-    backend.store_result(task_id, {"step": 1}, "PROGRESS", request=Context(fencing_token=newer, fencing_execution=e2))
+    _newer_execution_claims_and_reports_progress(app, source, task_id)
     e1 = Execution(old, task_id=task_id, once=True, floor_source=source, claimed=False, result_claimed=False)
     if fresh_failure_token:
         e1.fresh_result_token = source.mint(task_id)  # what minting fresh at any result write would do
@@ -369,10 +376,7 @@ def _seal_fails_after_the_fresh_mint(
         with Watch() as watch, start_worker(app, pool="solo", perform_ping_check=False):
             floor = _result_store_floor_above_the_block(app, job, other)
             task_id = str(uuid.uuid4())
-            newer = other.mint(task_id)
-            app.backend.claim_result(task_id, newer)
-            e2 = Context(fencing_token=newer, fencing_execution=Execution(newer, task_id=task_id, once=True))
-            app.backend.store_result(task_id, {"step": 1}, "PROGRESS", request=e2)
+            _newer_execution_claims_and_reports_progress(app, other, task_id)
             monkeypatch.setattr(type(app.backend), "seal_result", seal_then_drop)
             job.apply_async(task_id=task_id, link=after.s())
             assert failed.wait(TIMEOUT), "the task never failed"
