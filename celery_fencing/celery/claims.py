@@ -1,4 +1,4 @@
-"""Claims: arm a fenced task's stores, claim its token on each before the body (a first delivery need not); await seals.
+"""Claims: arm a fenced task's stores, claim its token on each before the body (a first delivery need not).
 
 Functions of the gates and the result backend the task was given, so that
 :class:`~celery_fencing.celery.FencedTask` keeps only the execution's lifecycle.
@@ -7,12 +7,11 @@ Functions of the gates and the result backend the task was given, so that
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any, cast
 
 from ..context import Execution
-from ..exceptions import AlreadyAppliedError, BelowFloorError, FencingError, StaleTokenError
+from ..exceptions import BelowFloorError
 from ..protocols import (
     BatchedClaimGate,
     BatchedResultClaims,
@@ -32,14 +31,10 @@ __all__ = [
     "claim_stores",
     "first_delivery",
     "remint_unclaimed",
-    "sealed_by_another",
     "skip_block_below_floor",
 ]
 
 logger = logging.getLogger("celery_fencing")
-
-#: How often :func:`sealed_by_another` asks the result store while it waits.
-SEAL_POLL_INTERVAL = 0.05
 
 
 def arm_stores(gates: Sequence[Gate], backend: Any, resource: str, source: TokenSource) -> None:
@@ -169,32 +164,3 @@ def claim_stores(gates: Sequence[Gate], backend: Any, token: FencingToken, task_
         from ..gates.redis_batch import run_script_calls
 
         run_script_calls(batched)
-
-
-def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: float) -> bool:
-    """Whether another execution seals the task on *backend* within *timeout* seconds.
-
-    For an execution whose gated write found its task id applied by an older
-    execution: that one is gone (it failed after its write, or died before
-    its acknowledgement) or it is still running, between its write and its
-    seal. A running one seals in moments and its result must stand; a gone
-    one never will, and this execution finishes the task instead. Each poll
-    re-claims the result with this execution's own token, which changes
-    nothing (the mark already holds it, or a newer one) and is refused as
-    ``applied`` once another execution has sealed. ``False`` when the store
-    cannot be asked. *backend* is a :class:`FencedResultStore`.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            backend.claim_result(task_id, token)
-        except AlreadyAppliedError:
-            return True
-        except FencingError as exc:
-            # A newer copy claimed (it will meet the record too) or the store is
-            # out of reach: keep waiting only on the former.
-            if not isinstance(exc, StaleTokenError):
-                return False
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(SEAL_POLL_INTERVAL)

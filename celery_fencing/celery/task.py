@@ -70,14 +70,13 @@ from .claims import (
     arm_stores,
     claim_stores,
     first_delivery,
-    remint_unclaimed,
-    sealed_by_another,
     skip_block_below_floor,
 )
 from .decisions import enact
 from .options import check_task_options, resource_for
 from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
+from .seals import seal, sealed_by_another
 from .settings import FencingSettings, setting
 
 __all__ = ["FencedTask"]
@@ -416,39 +415,9 @@ class FencedTask(Task):  # type: ignore[misc]
             request.headers = {key: value for key, value in headers.items() if key not in REQUEST_ATTRIBUTES} or None
 
     def _seal(self, execution: Execution) -> None:
-        """Seal the task on a fenced result backend, before Celery sends its callbacks.
-
-        :raises Ignore: another execution of the task sealed first; its result stands.
-        """
-        backend = self.backend
-        if not execution.once or not execution.task_id or not conforms(backend, FencedResultStore):
-            return
-        request = self.request
-        if not (request.callbacks or request.chain or request.chord or request.errbacks or request.ignore_result):
-            # Nothing is sent between the body and the result write: that write seals (first wins).
-            execution.seals_with_result = True
-            return
+        """Seal the task (see :func:`.seals.seal`); ``Ignore`` when another execution sealed it first."""
         try:
-            try:
-                backend.seal_result(execution.task_id, execution)
-            except BelowFloorError as exc:
-                # Unclaimed, the seal is the result store's first sight of the token.
-                try:
-                    fresh = remint_unclaimed(execution, exc, self._settings().timeout)
-                except TokenUnavailableError:
-                    # No fresh token: the refusal stands, taken for what it is (not a newer
-                    # execution): a retry, which finds the body's effects applied.
-                    raise exc from None
-                if fresh is None:
-                    raise
-                execution.fresh_result_token = fresh
-                try:
-                    backend.seal_result(execution.task_id, execution)
-                except BaseException:
-                    # Only a seal that went through makes the fresh token the result's: a
-                    # FAILURE written with it would pass a newer execution's claim.
-                    execution.fresh_result_token = None
-                    raise
+            seal(self.backend, self.request, execution, self._settings().timeout)
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
 

@@ -164,7 +164,7 @@ def test_control_without_the_fresh_mint_the_refused_seal_retries_the_body(
     app: Celery, other_process: SQLiteTokenSource, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Control: the refused seal is taken for an outage and the task retried: its body runs a second time."""
-    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", lambda *args: None)
+    monkeypatch.setattr("celery_fencing.celery.seals.remint_unclaimed", lambda *args: None)
     with Watch() as watch:
         chained, tokens, calls, floor = _chained_run(app, other_process)
     assert len(tokens) == 3 and tokens[1] < floor < tokens[2]
@@ -181,7 +181,7 @@ def test_a_seal_whose_fresh_mint_fails_is_retried_not_failed(
     def unavailable(*args: Any) -> None:
         raise TokenUnavailableError("the source is out of reach")
 
-    monkeypatch.setattr("celery_fencing.celery.task.remint_unclaimed", unavailable)
+    monkeypatch.setattr("celery_fencing.celery.seals.remint_unclaimed", unavailable)
     with Watch() as watch:
         chained, tokens, calls, floor = _chained_run(app, other_process)
     assert len(tokens) == 3 and tokens[1] < floor < tokens[2]

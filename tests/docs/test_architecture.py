@@ -81,6 +81,16 @@ def test_every_module_is_in_the_architecture_page_and_every_path_there_exists() 
     assert named - modules == set(), "docs/architecture.md names modules that do not exist"
 
 
+#: The most lines a module of the package may hold: past it, a module has usually taken on a second role.
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_package_is_over_the_size_limit() -> None:
+    sizes = {_name(path): len(path.read_text().splitlines()) for path in _modules()}
+    too_long = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert too_long == {}, f"split these by role (docs/architecture.md): {too_long}"
+
+
 def test_core_types_import_no_driver() -> None:
     for path in _modules():
         if _layer(_name(path)) != 0 or path.parent != PACKAGE:
