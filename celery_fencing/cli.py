@@ -24,11 +24,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn, TextIO
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from ._version import __version__
 from .exceptions import FencingConfigurationError
+
+if TYPE_CHECKING:
+    from .operations.urls import OpenedGate
 
 __all__ = ["EXIT_FINDINGS", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -162,27 +166,37 @@ def _run_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return run_demo(options, out, err)
 
 
-def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from .operations.inspection import inspect_resources, open_peeker
-    from .operations.urls import OpenedGate, gate_from_url
-    from .urls import redact_url
+@contextmanager
+def _gates_and_source(
+    args: argparse.Namespace, open_source: Callable[[str], Any]
+) -> Iterator[tuple[list[OpenedGate], Any]]:
+    """Open every ``--gate`` URL and the ``--source`` (with *open_source*); close them all when done, whatever happens.
+
+    :raises FencingConfigurationError: no ``--gate`` was given.
+    """
+    from .operations.urls import gate_from_url
 
     if not args.gate:
-        raise FencingConfigurationError("inspect needs at least one --gate URL (where the marks are kept)")
-    opened: list[OpenedGate] = []
-    peeker = None
-    try:
+        raise FencingConfigurationError(f"{args.command} needs at least one --gate URL (where the marks are kept)")
+    with ExitStack() as opened_here:
+        opened: list[OpenedGate] = []
         for url in args.gate:
-            opened.append(gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table))
-        peeker = open_peeker(args.source)
+            gate = gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table)
+            opened_here.callback(gate.close)
+            opened.append(gate)
+        source = open_source(args.source)
+        opened_here.callback(source.close)
+        yield opened, source
+
+
+def _run_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from .operations.inspection import inspect_resources, open_peeker
+    from .urls import redact_url
+
+    with _gates_and_source(args, open_peeker) as (opened, peeker):
         reports = inspect_resources(peeker, opened, list(args.resources), list(args.task_id))
         source_label = peeker.description
         grantor: str | None = getattr(peeker, "grantor", None)
-    finally:
-        if peeker is not None:
-            peeker.close()
-        for gate in opened:
-            gate.close()
     failing = any(report.problems for report in reports)
     if args.json:
         document = {
@@ -298,29 +312,16 @@ def _run_doctor(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
     from .operations.admin import apply_changes, open_admin_source, plan_rebase, plan_repair
-    from .operations.urls import OpenedGate, gate_from_url
     from .urls import redact_url
 
-    if not args.gate:
-        raise FencingConfigurationError(f"{args.command} needs at least one --gate URL (where the marks are kept)")
-    opened: list[OpenedGate] = []
-    source = None
-    try:
-        for url in args.gate:
-            opened.append(gate_from_url(url, redis_prefix=args.redis_prefix, sql_table=args.sql_table))
-        source = open_admin_source(args.source)
-        grantor = source.grantor_id()  # type: ignore[attr-defined]
+    with _gates_and_source(args, open_admin_source) as (opened, source):
+        grantor = source.grantor_id()
         if args.command == "rebase":
             changes = plan_rebase(grantor, opened, list(args.resources))
         else:
             changes = plan_repair(source, opened, list(args.resources))
         if changes and args.yes:
             apply_changes(changes, source, command=args.command)
-    finally:
-        if source is not None:
-            source.close()
-        for gate in opened:
-            gate.close()
     failed = [change for change in changes if change.outcome.startswith("skipped")]
     code = EXIT_FINDINGS if failed or (changes and not args.yes) else EXIT_OK
     if args.json:
@@ -349,7 +350,7 @@ def _run_admin(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _run_arm(args: argparse.Namespace, out: TextIO) -> int:
-    from .operations.urls import OpenedGate, gate_from_url
+    from .operations.urls import gate_from_url
     from .urls import redact_url
 
     if not args.gate:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from celery_fencing import FencingConfigurationError, StaleTokenError
-from celery_fencing.policies import (
+# The policies as users import them (the package's public names); the two functions from their module.
+from celery_fencing import (
     Decision,
     DeferPolicy,
     ExponentialBackoff,
+    FencingConfigurationError,
     IgnorePolicy,
     RaisePolicy,
     RejectPolicy,
     RetryPolicy,
     StaleState,
-    decide,
-    policy_from_setting,
+    StaleTokenError,
 )
+from celery_fencing.policies import decide, policy_from_setting
 
 ERROR = StaleTokenError(resource="r", token=1, high_water=2)
 
