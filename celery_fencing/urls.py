@@ -12,7 +12,7 @@ from urllib.parse import SplitResult, parse_qsl, urlsplit
 from .exceptions import FencingConfigurationError
 from .values import seconds
 
-__all__ = ["parse_block", "parse_seconds", "query_params", "redact_url", "split_url"]
+__all__ = ["parse_block", "parse_seconds", "query_params", "redact_url", "split_scheme_url", "split_url"]
 
 
 def redact_url(url: object) -> str:
@@ -48,6 +48,21 @@ def split_url(url: str, what: str = "URL") -> SplitResult:
         return urlsplit(url)
     except ValueError as exc:
         raise FencingConfigurationError(f"malformed {what}: {exc}") from None
+
+
+def split_scheme_url(url: object, scheme: str, what: str) -> tuple[SplitResult, str]:
+    """Check that *url* is a ``<scheme>://`` URL and split it; return the parts, and the URL as a message may show it.
+
+    :raises FencingConfigurationError: *url* is no str, is malformed, or has another scheme.
+    """
+    if not isinstance(url, str):
+        raise FencingConfigurationError(f"{what} must be a str, got {type(url).__name__}")
+    shown = redact_url(url)
+    parts = split_url(url, what)
+    if parts.scheme.lower() != scheme:
+        article = "an" if scheme[0] in "aeiou" else "a"
+        raise FencingConfigurationError(f"not {article} {scheme}:// URL: {shown!r}")
+    return parts, shown
 
 
 def query_params(parts: SplitResult, allowed: set[str], *, what: str, shown: str) -> dict[str, str]:

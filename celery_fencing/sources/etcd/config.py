@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ...exceptions import FencingConfigurationError
-from ...urls import parse_seconds, query_params, redact_url, split_url
+from ...urls import parse_seconds, query_params, split_scheme_url
 
 __all__ = ["parse_url", "validate_endpoints", "validate_prefix"]
 
@@ -58,12 +58,7 @@ def validate_prefix(prefix: object) -> str:
 
 def parse_url(url: str) -> dict[str, Any]:
     """The arguments of :class:`~celery_fencing.EtcdTokenSource` that *url* spells (see ``from_url``)."""
-    if not isinstance(url, str):
-        raise FencingConfigurationError(f"etcd URL must be a str, got {type(url).__name__}")
-    shown = redact_url(url)
-    parts = split_url(url, "etcd URL")
-    if parts.scheme.lower() != "etcd":
-        raise FencingConfigurationError(f"not an etcd:// URL: {shown!r}")
+    parts, shown = split_scheme_url(url, "etcd", "etcd URL")
     if "@" in parts.netloc:
         raise FencingConfigurationError(f"credentials in the etcd URL are not supported: {shown!r}")
     if not parts.netloc:

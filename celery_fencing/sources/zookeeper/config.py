@@ -22,7 +22,7 @@ from kazoo.security import make_digest_acl
 
 from ...blocks import DEFAULT_BLOCK_SIZE
 from ...exceptions import FencingConfigurationError
-from ...urls import parse_block, parse_seconds, query_params, redact_url, split_url
+from ...urls import parse_block, parse_seconds, query_params, split_scheme_url
 
 __all__ = [
     "KAZOO_LOGGER",
@@ -254,12 +254,7 @@ def parse_url(url: str) -> UrlSettings:
 
     :raises FencingConfigurationError: naming what is wrong with *url* (the password shown as ``***``).
     """
-    if not isinstance(url, str):
-        raise FencingConfigurationError(f"ZooKeeper URL must be a str, got {type(url).__name__}")
-    shown = redact_url(url)
-    parts = split_url(url, "ZooKeeper URL")
-    if parts.scheme.lower() != "zookeeper":
-        raise FencingConfigurationError(f"not a zookeeper:// URL: {shown!r}")
+    parts, shown = split_scheme_url(url, "zookeeper", "ZooKeeper URL")
     credentials, at, netloc = parts.netloc.rpartition("@")
     digest = None
     if at:
