@@ -67,7 +67,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from ..exceptions import EffectPendingError, FencingConfigurationError
-from ..gates.sql.schema import create_tables, define_table
+from ..gates.sql.schema import create_tables, define_table, supported_dialect
 from ..gates.unavailable import unavailable_error
 from .core import DEFAULT_RETENTION, MAX_KEY_LENGTH, Claim, validate_key
 
@@ -139,9 +139,7 @@ class SQLIdempotencyStore:
         schema: str | None = None,
         metadata: MetaData | None = None,
     ) -> None:
-        dialect = engine.dialect.name
-        if dialect not in _SUPPORTED:
-            raise FencingConfigurationError(f"SQLIdempotencyStore supports PostgreSQL and SQLite, not {dialect!r}")
+        dialect = supported_dialect(engine, _SUPPORTED, "SQLIdempotencyStore")
         self.engine = engine
         self._table = idempotency_table(metadata if metadata is not None else MetaData(), table, schema=schema)
         t = self._table

@@ -385,7 +385,9 @@ def test_missing_mark_table_is_gate_unavailable(engine: sa.Engine, unique_name: 
 def test_unsupported_database_is_refused() -> None:
     """Only PostgreSQL, MySQL/MariaDB and SQLite are supported; others fail at construction."""
     engine = sa.create_mock_engine(sa.make_url("oracle+oracledb://"), executor=lambda *a, **k: None)
-    with pytest.raises(FencingConfigurationError):
+    with pytest.raises(
+        FencingConfigurationError, match="SQLGate supports PostgreSQL, MySQL, MariaDB and SQLite, not 'oracle'"
+    ):
         SQLGate(engine)  # type: ignore[arg-type]
 
 

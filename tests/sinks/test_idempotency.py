@@ -398,5 +398,7 @@ def test_sql_purge_deletes_only_expired_keys(sql_engine: sa.Engine, unique_name:
 def test_sql_store_refuses_unsupported_databases() -> None:
     """Only PostgreSQL and SQLite are supported: another dialect is refused at construction."""
     engine = sa.create_engine("mysql+pymysql://nobody@127.0.0.1:1/none")
-    with pytest.raises(FencingConfigurationError, match="PostgreSQL and SQLite"):
+    with pytest.raises(
+        FencingConfigurationError, match="SQLIdempotencyStore supports PostgreSQL and SQLite, not 'mysql'"
+    ):
         SQLIdempotencyStore(engine)

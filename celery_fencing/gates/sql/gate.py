@@ -27,7 +27,7 @@ from .applied import AppliedRecords
 from .column import ColumnMode
 from .errors import unavailable
 from .marks import MarkTable
-from .schema import DEFAULT_TABLE, SUPPORTED_DIALECTS, create_tables, high_water_table
+from .schema import DEFAULT_TABLE, SUPPORTED_DIALECTS, create_tables, high_water_table, supported_dialect
 from .schema import applied_table as define_applied_table
 from .transaction import FencedTransaction, TransactionMode
 
@@ -83,9 +83,7 @@ class SQLGate:
         verifier: TokenVerifier | None = None,
         applied_table: str = DEFAULT_APPLIED_TABLE,
     ) -> None:
-        dialect = engine.dialect.name
-        if dialect not in SUPPORTED_DIALECTS:
-            raise FencingConfigurationError(f"SQLGate supports PostgreSQL, MySQL, MariaDB and SQLite, not {dialect!r}")
+        dialect = supported_dialect(engine, SUPPORTED_DIALECTS, "SQLGate")
         self.engine = engine
         self.verifier = verifier
         self._dialect = dialect

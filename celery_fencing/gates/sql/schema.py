@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Dialect, Engine
 
+from ...exceptions import FencingConfigurationError
 from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
 from ..applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
 
@@ -35,6 +36,7 @@ __all__ = [
     "has_grantor_column",
     "high_water_table",
     "result_fence_table",
+    "supported_dialect",
 ]
 
 DEFAULT_TABLE = "fencing_high_water"
@@ -43,6 +45,21 @@ DEFAULT_RESULT_FENCE_TABLE = "celery_taskfence"
 
 MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 SUPPORTED_DIALECTS = frozenset({"postgresql", "sqlite"}) | MYSQL_FAMILY
+#: The databases by name, in the order messages list them.
+_DATABASE_NAMES = {"postgresql": "PostgreSQL", "mysql": "MySQL", "mariadb": "MariaDB", "sqlite": "SQLite"}
+
+
+def supported_dialect(engine: Engine, supported: frozenset[str], store: str) -> str:
+    """The name of *engine*'s dialect, one of the databases the SQL *store* (its class name) supports.
+
+    :raises FencingConfigurationError: another database, named with the ones *store* supports.
+    """
+    dialect: str = engine.dialect.name
+    if dialect not in supported:
+        *most, last = [name for key, name in _DATABASE_NAMES.items() if key in supported]
+        listed = f"{', '.join(most)} and {last}" if most else last
+        raise FencingConfigurationError(f"{store} supports {listed}, not {dialect!r}")
+    return dialect
 
 
 class Utf8VarBinary(TypeDecorator[str]):
