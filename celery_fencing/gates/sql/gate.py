@@ -131,6 +131,11 @@ class SQLGate:
         except sa_exc.SQLAlchemyError as exc:
             unavailable(exc, doing)
 
+    def _read(self, doing: str, statement: Any, **params: Any) -> Any:
+        """The one value *statement* selects (``None`` for no row), on a connection of the gate's own."""
+        with self._connected(doing) as conn:
+            return conn.execute(statement, params).scalar_one_or_none()
+
     # Gate protocol ------------------------------------------------------------
 
     def claim(self, token: FencingToken | None = None) -> None:
@@ -155,8 +160,7 @@ class SQLGate:
             or the applied-record table is missing.
         """
         validate_resource(resource)
-        with self._connected("reading an applied record") as conn:
-            value = conn.execute(self._applied.select, {"resource": resource, "task_id": task_id}).scalar()
+        value = self._read("reading an applied record", self._applied.select, resource=resource, task_id=task_id)
         return None if value is None else str(value)
 
     def prune_applied(self, limit: int = 1000) -> int:
@@ -182,9 +186,8 @@ class SQLGate:
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         validate_resource(resource)
-        with self._connected("reading the mark") as conn:
-            value: int | None = conn.execute(self._marks.select_mark, {"resource": resource}).scalar_one_or_none()
-            return value
+        value = self._read("reading the mark", self._marks.select_mark, resource=resource)
+        return None if value is None else int(value)
 
     def mark(self, resource: str) -> Mark | None:
         """Return the resource's committed mark with its grantor, or ``None`` if it was never claimed.
