@@ -105,12 +105,14 @@ class AppliedRecords:
         self._exists = True
 
     def folded(self, effect: Any) -> Any:
-        """PostgreSQL: *effect* (a mark upsert) and the record in one statement (the form in ``applied_sql``).
+        """PostgreSQL: *effect* (a mark upsert's ``text()`` ending ``RETURNING 1``) and the record in one statement.
+
+        The form is ``applied_sql``'s.
 
         One row: (rows the effect changed, records written). The record's
         parameters are :meth:`params` of the prefixed names.
         """
-        return select(*_FOLDED_COUNTS).add_cte(effect.returning(_ONE).cte(EFFECT_CTE), self.record_cte)
+        return select(*_FOLDED_COUNTS).add_cte(effect.columns(_ONE).cte(EFFECT_CTE), self.record_cte)
 
     @staticmethod
     def params(token: FencingToken, record: AppliedRecord, prefix: str = "") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from sqlalchemy import ColumnElement, MetaData, Table, and_, update
+from sqlalchemy import ColumnElement, MetaData, Table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
@@ -216,22 +216,19 @@ class SQLGate:
         :raises GateUnavailableError: the database failed or could not be reached.
         """
         checked = resolve_token(token)
-        t = self._table
+        marks = self._marks
+        params = {"resource": checked.resource, "token": checked.value, "grantor": checked.grantor}
         with self._connected("resetting the mark", begin=True) as conn:
-            with_grantor = self._marks.uses_grantor(conn)
-            values: dict[str, Any] = {"token": checked.value}
-            if with_grantor:
-                values["grantor"] = checked.grantor
+            with_grantor = marks.uses_grantor(conn)
             if expected is None:
-                count = conn.execute(self._marks.insert_if_absent(checked.resource, values)).rowcount
+                count = conn.execute(marks.insert_if_absent[with_grantor], params).rowcount
             else:
-                condition = and_(t.c.resource == checked.resource, t.c.token == expected.value)
-                if with_grantor:
-                    condition = and_(
-                        condition,
-                        t.c.grantor.is_(None) if expected.grantor is None else t.c.grantor == expected.grantor,
-                    )
-                count = conn.execute(update(t).where(condition).values(**values)).rowcount
+                params.update(expected_token=expected.value, expected_grantor=expected.grantor)
+                if with_grantor and expected.grantor is None:
+                    reset = marks.reset_null_grantor
+                else:
+                    reset = marks.reset[with_grantor]
+                count = conn.execute(reset, params).rowcount
             if count != 1:
                 current = conn.execute(self._marks.select_mark, {"resource": checked.resource}).scalar_one_or_none()
                 raise StaleTokenError(

@@ -1,10 +1,10 @@
-"""The mark table's statements for one gate, built once, and whether the table has its grantor column.
+"""The mark table's statements for one gate (:mod:`celery_fencing.gates.mark_sql`'s), built once; its grantor column.
 
 The conditional upsert (with the grantor check, and without it for a table
-made before grantor ids), per dialect as the package docstring shows; the
-reads of the mark; and the insert-if-absent of the operator's reset. Built
-once: SQLAlchemy memoises a statement's cache key, so reusing the object
-skips compilation and cache-key generation on every call.
+made before grantor ids), the reads of the mark, and the operator's reset,
+as SQLAlchemy ``text()`` with typed parameters. Built once: SQLAlchemy
+memoises a statement's cache key, so reusing the object skips compilation
+and cache-key generation on every call.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, func, or_, select
+from sqlalchemy import BigInteger, Table, bindparam, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 
+from ..mark_sql import mark_statements
 from .errors import unavailable
 from .schema import MYSQL_FAMILY, grantor_column_ddl, has_grantor_column
 
@@ -29,10 +29,12 @@ log = logging.getLogger(__package__)
 class MarkTable:
     """The mark table of one gate on one dialect: its statements, and what is known of its columns.
 
-    ``upsert`` and ``legacy_upsert`` take the parameters ``resource``,
-    ``token`` (and ``grantor``); their rowcount is 0 when refused, or on
-    MySQL/MariaDB their insert id is not 0. Thread-safe: the only state is
-    whether the grantor column exists, looked at once.
+    ``upsert`` and ``legacy_upsert`` (the table without the grantor column)
+    take the parameters ``resource``, ``token`` (and ``grantor``); they are
+    refused as :meth:`refused` tells. Each statement keyed by a bool is the
+    one for a table with (``True``) or without the grantor column.
+    Thread-safe: the only state is whether the grantor column exists, looked
+    at once.
     """
 
     def __init__(self, table: Table, dialect: Dialect) -> None:
@@ -41,60 +43,54 @@ class MarkTable:
         #: MySQL or MariaDB: refusal is told by the insert id (``LAST_INSERT_ID(token)``), not the rowcount.
         self.mysql = dialect.name in MYSQL_FAMILY
         t = table
+        preparer = dialect.identifier_preparer
         resource = bindparam("resource", type_=t.c.resource.type)
         token = bindparam("token", type_=t.c.token.type)
         grantor = bindparam("grantor", type_=t.c.grantor.type)
-        self.select_mark = select(t.c.token).where(t.c.resource == resource)
-        self.select_mark_grantor = select(t.c.token, t.c.grantor).where(t.c.resource == resource)
+        expected_token = bindparam("expected_token", type_=BigInteger)
+        expected = (expected_token, bindparam("expected_grantor", type_=t.c.grantor.type))
+
+        def statement(sql: str, *params: Any) -> Any:
+            # preserve_rowcount: SQLAlchemy reports an INSERT's rowcount only when asked.
+            return text(sql).bindparams(*params).execution_options(preserve_rowcount=True)
+
+        sql = {
+            with_grantor: mark_statements(
+                dialect.name,
+                preparer.format_table(t),
+                resource=preparer.quote(t.c.resource.name),
+                token=preparer.quote(t.c.token.name),
+                grantor=preparer.quote(t.c.grantor.name) if with_grantor else None,
+                param=lambda name: f":{name}",
+            )
+            for with_grantor in (True, False)
+        }
+        self.upsert = statement(sql[True].upsert, resource, token, grantor)
+        self.legacy_upsert = statement(sql[False].upsert, resource, token)
+        #: PostgreSQL: the upserts with ``RETURNING 1`` (a row when the mark passed), for a data-modifying CTE.
+        self.upsert_returning = {
+            True: text(f"{sql[True].upsert} RETURNING 1").bindparams(resource, token, grantor),
+            False: text(f"{sql[False].upsert} RETURNING 1").bindparams(resource, token),
+        }
+        # Typed result columns: on MySQL/MariaDB the grantor comes back as bytes otherwise.
+        #: (resource): the mark, and ``NULL`` (the first column is the mark on any table).
+        self.select_mark = statement(sql[False].select, resource).columns(t.c.token, t.c.grantor)
+        #: (resource): the mark and its grantor.
+        self.select_mark_grantor = statement(sql[True].select, resource).columns(t.c.token, t.c.grantor)
+        #: (resource, token[, grantor]): a mark where there is none; rowcount 0 if there was one.
+        self.insert_if_absent = {
+            True: statement(sql[True].insert_if_absent, resource, token, grantor),
+            False: statement(sql[False].insert_if_absent, resource, token),
+        }
+        #: (token[, grantor], resource, expected_token[, expected_grantor]): the operator's compare-and-set.
+        self.reset = {
+            True: statement(sql[True].reset, token, grantor, resource, *expected),
+            False: statement(sql[False].reset, token, resource, expected_token),
+        }
+        #: ``reset`` of a mark whose grantor is expected ``NULL``.
+        self.reset_null_grantor = statement(sql[True].reset_null_grantor, token, grantor, resource, expected_token)
         # Whether the table has the grantor column: None until first looked at.
         self._grantor_column: bool | None = None
-        self.upsert: Any
-        self.legacy_upsert: Any
-        if self.mysql:
-            my = mysql.insert(t).values(resource=resource, token=token)
-            self.legacy_upsert = my.on_duplicate_key_update(
-                token=func.if_(t.c.token <= my.inserted.token, my.inserted.token, func.last_insert_id(t.c.token))
-            )
-            myg = mysql.insert(t).values(resource=resource, token=token, grantor=grantor)
-            accept = and_(
-                t.c.token <= myg.inserted.token,
-                or_(t.c.grantor.is_(None), myg.inserted.grantor.is_(None), t.c.grantor == myg.inserted.grantor),
-            )
-            # MySQL assigns left to right and later expressions see earlier results: grantor
-            # first, and `accept` still holds after it (an adopted grantor equals the token's).
-            self.upsert = myg.on_duplicate_key_update(
-                [
-                    ("grantor", func.if_(accept, func.coalesce(myg.inserted.grantor, t.c.grantor), t.c.grantor)),
-                    ("token", func.if_(accept, myg.inserted.token, func.last_insert_id(t.c.token))),
-                ]
-            )
-        else:
-            insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
-            ins = insert(t).values(resource=resource, token=token)
-            # preserve_rowcount: SQLAlchemy reports an INSERT's rowcount only when asked.
-            self.legacy_upsert = ins.on_conflict_do_update(
-                index_elements=[t.c.resource],
-                set_={"token": ins.excluded.token},
-                where=t.c.token <= ins.excluded.token,
-            ).execution_options(preserve_rowcount=True)
-            insg = insert(t).values(resource=resource, token=token, grantor=grantor)
-            self.upsert = insg.on_conflict_do_update(
-                index_elements=[t.c.resource],
-                set_={"token": insg.excluded.token, "grantor": func.coalesce(insg.excluded.grantor, t.c.grantor)},
-                where=and_(
-                    t.c.token <= insg.excluded.token,
-                    or_(t.c.grantor.is_(None), insg.excluded.grantor.is_(None), t.c.grantor == insg.excluded.grantor),
-                ),
-            ).execution_options(preserve_rowcount=True)
-
-    def insert_if_absent(self, resource: str, values: dict[str, Any]) -> Any:
-        """An ``INSERT`` of a mark where there is none; its rowcount is 0 if there was one."""
-        t = self.table
-        if self.mysql:
-            return mysql.insert(t).values(resource=resource, **values).prefix_with("IGNORE")
-        insert = postgresql.insert if self.dialect.name == "postgresql" else sqlite.insert
-        statement = insert(t).values(resource=resource, **values).on_conflict_do_nothing(index_elements=[t.c.resource])
-        return statement.execution_options(preserve_rowcount=True)
 
     def refused(self, result: Any) -> bool:
         """Whether the upsert that gave *result* refused the token."""

@@ -39,7 +39,7 @@ class TransactionMode:
         # PostgreSQL, exactly once: the mark upsert and the record in one statement, by grantor column.
         self._folded: dict[bool, Any] = {}
         if applied.record_cte is not None:
-            self._folded = {True: applied.folded(marks.upsert), False: applied.folded(marks.legacy_upsert)}
+            self._folded = {grantor: applied.folded(upsert) for grantor, upsert in marks.upsert_returning.items()}
 
     def advance(self, conn: Connection, token: FencingToken, record: AppliedRecord | None) -> None:
         """Raise the mark to *token* on *conn*, in its transaction, and record *record* if given.
@@ -56,7 +56,6 @@ class TransactionMode:
         try:
             with_grantor = marks.uses_grantor(conn)
             if with_grantor:
-                # Only then: Core would add an execution parameter named like a column to the INSERT.
                 params["grantor"] = token.grantor
             folded = self._folded.get(with_grantor) if record is not None else None
             if folded is not None and record is not None:
