@@ -6,7 +6,7 @@ from typing import Any
 
 from celery_fencing import FencingToken, current_token
 from celery_fencing.gates.django import DjangoGate, fenced_update
-from tests.gates.adapters import AdapterSpec, GateAdapter, append_random
+from tests.gates.adapters import AdapterSpec, GateAdapter, append_and_report, reporting_failure
 
 #: Contract kinds -> database alias in tests/django/settings.py.
 ALIASES = {"django_postgres": "postgres", "django_sqlite": "default"}
@@ -107,27 +107,12 @@ def _current() -> FencingToken:
 
 def child_append(alias: str, resource: str, key: str, seed: int, count: int, barrier: Any, queue: Any) -> None:
     """Child-process entry point: set Django up, wait for the others, append random tokens, report."""
-    adapter = DjangoAdapter(AdapterSpec("django", alias))
-    try:
-        barrier.wait(timeout=60)
-        report = append_random(adapter, resource, key, seed, count)
-        queue.put((report.accepted, report.rejected))
-    except BaseException as exc:
-        queue.put(repr(exc))
-        raise
-    finally:
-        adapter.close()
+    append_and_report(DjangoAdapter(AdapterSpec("django", alias)), resource, key, seed, count, barrier, queue)
 
 
 def child_apply(alias: str, value: int, start: Any, queue: Any) -> None:
     """Child-process entry point: set Django up, wait for the start, run one execution of "task-1", report."""
     from tests.gates.test_applied_contract import report_one_execution
 
-    adapter = DjangoAdapter(AdapterSpec("django", alias))
-    try:
+    with reporting_failure(DjangoAdapter(AdapterSpec("django", alias)), queue) as adapter:
         report_one_execution(adapter, value, start, queue)
-    except BaseException as exc:
-        queue.put(repr(exc))
-        raise
-    finally:
-        adapter.close()

@@ -435,15 +435,30 @@ def append_random(adapter: GateAdapter, resource: str, key: str, seed: int, coun
     return report
 
 
-def child_append(spec: AdapterSpec, resource: str, key: str, seed: int, count: int, barrier: Any, queue: Any) -> None:
-    """Child-process entry point: build an adapter, wait for the others, append, report."""
-    adapter = open_adapter(spec)
+@contextmanager
+def reporting_failure(adapter: GateAdapter, queue: Any) -> Iterator[GateAdapter]:
+    """A child process's work on *adapter*: a failure is put on *queue* as its repr (so the parent sees it
+    instead of waiting out its timeout) and raised again; the adapter is closed either way."""
     try:
-        barrier.wait(timeout=60)
-        report = append_random(adapter, resource, key, seed, count)
-        queue.put((report.accepted, report.rejected))
+        yield adapter
     except BaseException as exc:
         queue.put(repr(exc))
         raise
     finally:
         adapter.close()
+
+
+def append_and_report(
+    adapter: GateAdapter, resource: str, key: str, seed: int, count: int, barrier: Any, queue: Any
+) -> None:
+    """A child's part, on its own *adapter*: wait for the others at *barrier*, append random tokens, put
+    ``(accepted, rejected)`` on *queue*."""
+    with reporting_failure(adapter, queue):
+        barrier.wait(timeout=60)
+        report = append_random(adapter, resource, key, seed, count)
+        queue.put((report.accepted, report.rejected))
+
+
+def child_append(spec: AdapterSpec, resource: str, key: str, seed: int, count: int, barrier: Any, queue: Any) -> None:
+    """Child-process entry point: build an adapter, wait for the others, append, report."""
+    append_and_report(open_adapter(spec), resource, key, seed, count, barrier, queue)
