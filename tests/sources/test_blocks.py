@@ -29,6 +29,7 @@ from celery_fencing.protocols import BlockSource
 from celery_fencing.sources import SQLiteTokenSource
 from celery_fencing.sources.zookeeper import ZooKeeperTokenSource
 from celery_fencing.token import FencingToken
+from tests.fixtures.kazoo_client import started_client
 from tests.fixtures.zookeeper import ZooKeeperServer, expire_session
 
 # The bookkeeping, alone ----------------------------------------------------------------
@@ -205,18 +206,13 @@ def test_zookeeper_block_is_dropped_with_its_session(
     make_source: Callable[..., ZooKeeperTokenSource], zookeeper_server: ZooKeeperServer, admin: KazooClient
 ) -> None:
     """After the session expires, the next token is a new write in the new session, not the old block's."""
-    client = KazooClient(zookeeper_server.hosts, timeout=4.0)
-    client.start(30)
-    try:
+    with started_client(zookeeper_server.hosts, timeout=4.0) as client:
         source = make_source(client=client)
         before = source.mint_in_block("a")
         expire_session(client, zookeeper_server.hosts)
         after = source.mint_in_block("b")
         _, stat = admin.get(f"{source.root}/transient")
         assert stat.version == 1 and after.value == stat.mzxid << SCALE_BITS > before.value
-    finally:
-        client.stop()
-        client.close()
 
 
 def test_zookeeper_block_one_writes_every_token(

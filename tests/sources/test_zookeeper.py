@@ -34,6 +34,7 @@ from celery_fencing.sources.zookeeper import (
     resource_to_znode_name,
     znode_name_to_resource,
 )
+from tests.fixtures.kazoo_client import started_client
 from tests.fixtures.zookeeper import ZooKeeperEnsemble, ZooKeeperServer, expire_session, free_ports
 
 TRICKY = [
@@ -173,11 +174,9 @@ def test_suspended_session_refuses_and_nothing_runs_later(
     # *same* session: exactly when kazoo would send requests it queued while suspended.
     # The longest session the server allows and a reconnect at least twice a second,
     # so a slow JVM restart on a busy machine does not expire the session.
-    client = KazooClient(
+    with started_client(
         zookeeper_server.hosts, timeout=20.0, connection_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5)
-    )
-    client.start(30)
-    try:
+    ) as client:
         source = make_source(client=client)
         last = source.mint("acct:3").value
         session_id = client.client_id[0]
@@ -197,9 +196,6 @@ def test_suspended_session_refuses_and_nothing_runs_later(
         _, stat = client.get(f"{source.root}/tokens/acct:3")
         assert stat.mzxid << SCALE_BITS == last, "a refused mint reached ZooKeeper after all"
         assert source.mint("acct:3").value > last
-    finally:
-        client.stop()
-        client.close()
 
 
 def test_frozen_server_bounds_an_in_flight_mint(
@@ -280,17 +276,12 @@ def test_callers_client_is_not_stopped_on_close(
     zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
 ) -> None:
     """A source given a caller's KazooClient leaves it connected and usable when it closes."""
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    try:
+    with started_client(zookeeper_server.hosts) as client:
         source = make_source(client=client)
         source.mint("r")
         source.close()
         assert client.connected
         assert client.exists(f"{source.root}/tokens/r") is not None
-    finally:
-        client.stop()
-        client.close()
 
 
 def _mint_in_child(source: ZooKeeperTokenSource, results: multiprocessing.Queue[object]) -> None:
@@ -327,18 +318,13 @@ def test_callers_client_is_refused_in_a_forked_child(
     zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
 ) -> None:
     """A caller's KazooClient that crossed fork is refused with a FencingConfigurationError naming the cause."""
-    client = KazooClient(zookeeper_server.hosts)
-    client.start(30)
-    try:
+    with started_client(zookeeper_server.hosts) as client:
         source = make_source(client=client)
         source.mint("forked")
         in_child = _run_forked(source)
         assert isinstance(in_child, FencingConfigurationError)
         assert "fork" in str(in_child)
         source.mint("forked")
-    finally:
-        client.stop()
-        client.close()
 
 
 # URLs and arguments -------------------------------------------------------------------
@@ -424,9 +410,7 @@ def test_expired_session_hands_the_lease_over_and_tells_the_holder(
     zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
 ) -> None:
     """Expiring the holder's session hands the lease over with a larger token; the holder's flag and callback fire."""
-    holder_client = KazooClient(zookeeper_server.hosts, timeout=4.0)
-    holder_client.start(30)
-    try:
+    with started_client(zookeeper_server.hosts, timeout=4.0) as holder_client:
         holder = make_source(client=holder_client)
         waiter = make_source()
         told = threading.Event()
@@ -459,18 +443,13 @@ def test_expired_session_hands_the_lease_over_and_tells_the_holder(
             second.check()
             proceed.set()
         thread.join(30)
-    finally:
-        holder_client.stop()
-        holder_client.close()
 
 
 def test_holder_without_its_lock_node_cannot_mint_before_it_is_told(
     zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
 ) -> None:
     """With the lock node gone but the watch not yet delivered, the multi-op itself refuses to mint."""
-    holder_client = KazooClient(zookeeper_server.hosts)
-    holder_client.start(30)
-    try:
+    with started_client(zookeeper_server.hosts) as holder_client:
         source = make_source(client=holder_client)
         with source.lease("acct:6") as lease:
             token_path = f"{source.root}/tokens/acct:6"
@@ -495,9 +474,6 @@ def test_holder_without_its_lock_node_cannot_mint_before_it_is_told(
                 release.set()
             _, after = admin.get(token_path)
             assert after.mzxid == before.mzxid, "a holder without its lock node minted"
-    finally:
-        holder_client.stop()
-        holder_client.close()
 
 
 def test_deleted_lock_node_marks_the_lease_lost(
