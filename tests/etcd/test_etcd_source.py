@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from celery_fencing import (
     LeaseLostError,
     MemoryGate,
     StaleTokenError,
+    TokenSource,
     TokenUnavailableError,
     token_source_from_url,
 )
@@ -253,8 +255,10 @@ def _restore(server: EtcdServer, snapshot: Path, cluster_token: str) -> None:
     member.wait_serving()
 
 
-def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -> None:
-    """After a restore keeping the cluster id (no --bump-revision) etcd re-issues revisions; a live source refuses."""
+@contextmanager
+def _snapshot_after_a_mint(tmp_path: Path, unique_name: str) -> Iterator[tuple[EtcdServer, str, TokenSource, Path]]:
+    """A server of the test's own, the URL of a live source on it, the source (closed on exit) after it minted
+    ``acct`` once, and a snapshot of the server saved after that mint."""
     with EtcdServer(tmp_path / "etcd") as server:
         url = server.url(f"/{unique_name}")
         live = token_source_from_url(url)
@@ -262,53 +266,51 @@ def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -
             live.mint("acct")
             snapshot = tmp_path / "snapshot.db"
             _etcdctl("--endpoints", server.member.endpoint, "snapshot", "save", str(snapshot))
-            issued = [live.mint("acct").value for _ in range(5)]
-            # The same cluster token and peer URLs: the restored cluster has the same id.
-            _restore(server, snapshot, server.member.token)
-            with pytest.raises(TokenUnavailableError, match="went backwards"):
-                live.mint("acct", timeout=10)
-            # Negative control: a fresh process has no memory of what was issued, and gets a
-            # token equal to one handed out before the restore, which every gate accepts.
-            fresh = token_source_from_url(url)
-            try:
-                reissued = fresh.mint("acct", timeout=10).value
-                assert fresh.cluster_id == live.cluster_id  # type: ignore[attr-defined]
-            finally:
-                fresh.close()
-            assert reissued in issued
-            # Two executions now hold the same number: a gate cannot tell them apart.
-            gate = MemoryGate()
-            gate.claim(FencingToken("acct", reissued))  # the one from before the restore
-            gate.claim(FencingToken("acct", reissued))  # the one after it: accepted too
+            yield server, url, live, snapshot
         finally:
             live.close()
+
+
+def test_snapshot_restore_reissues_revisions(tmp_path: Path, unique_name: str) -> None:
+    """After a restore keeping the cluster id (no --bump-revision) etcd re-issues revisions; a live source refuses."""
+    with _snapshot_after_a_mint(tmp_path, unique_name) as (server, url, live, snapshot):
+        issued = [live.mint("acct").value for _ in range(5)]
+        # The same cluster token and peer URLs: the restored cluster has the same id.
+        _restore(server, snapshot, server.member.token)
+        with pytest.raises(TokenUnavailableError, match="went backwards"):
+            live.mint("acct", timeout=10)
+        # Negative control: a fresh process has no memory of what was issued, and gets a
+        # token equal to one handed out before the restore, which every gate accepts.
+        fresh = token_source_from_url(url)
+        try:
+            reissued = fresh.mint("acct", timeout=10).value
+            assert fresh.cluster_id == live.cluster_id  # type: ignore[attr-defined]
+        finally:
+            fresh.close()
+        assert reissued in issued
+        # Two executions now hold the same number: a gate cannot tell them apart.
+        gate = MemoryGate()
+        gate.claim(FencingToken("acct", reissued))  # the one from before the restore
+        gate.claim(FencingToken("acct", reissued))  # the one after it: accepted too
 
 
 def test_restore_under_a_new_cluster_token_changes_the_identity(tmp_path: Path, unique_name: str) -> None:
     """A restore under a new --initial-cluster-token gets a new cluster id: pinned sources refuse until re-pinned."""
-    with EtcdServer(tmp_path / "etcd") as server:
-        url = server.url(f"/{unique_name}")
-        live = token_source_from_url(url)
+    with _snapshot_after_a_mint(tmp_path, unique_name) as (server, url, live, snapshot):
+        old_id = live.cluster_id  # type: ignore[attr-defined]
+        _restore(server, snapshot, f"restored-{unique_name}")
+        with pytest.raises(TokenUnavailableError, match=f"not {old_id:x}"):
+            live.mint("acct", timeout=10)
+        pinned = token_source_from_url(f"{url}?cluster_id={old_id}")
         try:
-            live.mint("acct")
-            old_id = live.cluster_id  # type: ignore[attr-defined]
-            snapshot = tmp_path / "snapshot.db"
-            _etcdctl("--endpoints", server.member.endpoint, "snapshot", "save", str(snapshot))
-            _restore(server, snapshot, f"restored-{unique_name}")
-            with pytest.raises(TokenUnavailableError, match=f"not {old_id:x}"):
-                live.mint("acct", timeout=10)
-            pinned = token_source_from_url(f"{url}?cluster_id={old_id}")
-            try:
-                with pytest.raises(TokenUnavailableError, match="belongs to cluster"):
-                    pinned.mint("acct", timeout=10)
-            finally:
-                pinned.close()
-            # The operator's deliberate step: pin the new id (after bumping revisions past the old ones).
-            repinned = token_source_from_url(url)
-            try:
-                repinned.mint("acct", timeout=10)
-                assert repinned.cluster_id != old_id  # type: ignore[attr-defined]
-            finally:
-                repinned.close()
+            with pytest.raises(TokenUnavailableError, match="belongs to cluster"):
+                pinned.mint("acct", timeout=10)
         finally:
-            live.close()
+            pinned.close()
+        # The operator's deliberate step: pin the new id (after bumping revisions past the old ones).
+        repinned = token_source_from_url(url)
+        try:
+            repinned.mint("acct", timeout=10)
+            assert repinned.cluster_id != old_id  # type: ignore[attr-defined]
+        finally:
+            repinned.close()
