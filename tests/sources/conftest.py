@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +45,9 @@ def sqlite_harness(tmp_path: Path) -> Iterator[SourceHarness]:
 @pytest.fixture
 def zookeeper_harness(zookeeper_server: ZooKeeperServer, unique_name: str) -> Iterator[SourceHarness]:
     """The standalone server; restart is stop + start on the same data directory."""
-    harness = SourceHarness("zookeeper", zookeeper_server.url(f"/{unique_name}"))
-
-    def restart() -> None:
-        zookeeper_server.restart()
-
-    def make_unavailable() -> str:
-        # The server the URL names goes away; the next test's fixture starts it again.
-        zookeeper_server.stop()
-        return harness.url
-
-    harness.restart = restart
-    harness.make_unavailable = make_unavailable
-    yield harness
-    harness.close_all()
+    url = zookeeper_server.url(f"/{unique_name}")
+    # The server the URL names goes away; the next test's fixture starts it again.
+    yield from _server_harness("zookeeper", url, restart=zookeeper_server.restart, stop=zookeeper_server.stop)
 
 
 @pytest.fixture
@@ -70,17 +59,10 @@ def zookeeper_ensemble_harness(zookeeper_ensemble: ZooKeeperEnsemble, unique_nam
 @pytest.fixture
 def etcd_harness(etcd_server: EtcdServer, unique_name: str) -> Iterator[SourceHarness]:
     """The single member; restart is stop + start on the same data directory."""
-    harness = SourceHarness("etcd", etcd_server.url(f"/{unique_name}"))
-
-    def make_unavailable() -> str:
-        # The member the URL names goes away; the next test's fixture starts it again.
-        etcd_server.member.stop()
-        return harness.url
-
-    harness.restart = etcd_server.restart
-    harness.make_unavailable = make_unavailable
-    yield harness
-    harness.close_all()
+    # The member the URL names goes away; the next test's fixture starts it again.
+    yield from _server_harness(
+        "etcd", etcd_server.url(f"/{unique_name}"), restart=etcd_server.restart, stop=etcd_server.member.stop
+    )
 
 
 @pytest.fixture
@@ -91,17 +73,35 @@ def etcd_cluster_harness(etcd_cluster: EtcdCluster, unique_name: str) -> Iterato
 
 def _quorum_harness(name: str, group: ServerGroup[Any], url: str) -> Iterator[SourceHarness]:
     """A harness on a 3-member group: restart kills the leader, unavailable pauses every member."""
-    harness = SourceHarness(name, url)
 
-    def restart() -> None:
-        # The killed member stays down for the rest of the test: two of three keep quorum.
-        group.kill_leader()
-
-    def make_unavailable() -> str:
+    def pause_all() -> None:
         # SIGSTOP every member: TCP connects still succeed but nothing ever answers,
         # the partition case where a client without timeouts hangs forever.
         for member in group.members:
             member.pause()
+
+    def resume_all() -> None:
+        for member in group.members:
+            member.resume()
+
+    # The killed member stays down for the rest of the test: two of three keep quorum.
+    yield from _server_harness(name, url, restart=group.kill_leader, stop=pause_all, after=resume_all)
+
+
+def _server_harness(
+    name: str,
+    url: str,
+    *,
+    restart: Callable[[], None],
+    stop: Callable[[], None],
+    after: Callable[[], None] | None = None,
+) -> Iterator[SourceHarness]:
+    """A harness on servers of the test's own: *restart* restarts the grantor; unavailable is *stop*, after which
+    the same URL names servers that do not answer. At the end the sources close, then *after* runs."""
+    harness = SourceHarness(name, url)
+
+    def make_unavailable() -> str:
+        stop()
         return harness.url
 
     harness.restart = restart
@@ -110,5 +110,5 @@ def _quorum_harness(name: str, group: ServerGroup[Any], url: str) -> Iterator[So
         yield harness
     finally:
         harness.close_all()
-        for member in group.members:
-            member.resume()
+        if after is not None:
+            after()
