@@ -53,6 +53,13 @@ def _forged_resource(resource: object) -> FencingToken:
     return token
 
 
+def _stale_fields(refused: Callable[[], object]) -> tuple[str, int, int | None]:
+    """The (resource, token, high_water) of the StaleTokenError that calling *refused* raises."""
+    with pytest.raises(StaleTokenError) as info:
+        refused()
+    return info.value.resource, info.value.token, info.value.high_water
+
+
 # Semantics ---------------------------------------------------------------------
 
 
@@ -69,12 +76,8 @@ def test_equal_token_is_accepted(adapter: GateAdapter) -> None:
 def test_lower_token_is_rejected_with_its_fields(adapter: GateAdapter) -> None:
     """A lower token raises StaleTokenError(resource, token, high_water) on claim and on write, changing nothing."""
     adapter.write(T("acct", 9), "k", 1)
-    with pytest.raises(StaleTokenError) as info:
-        adapter.write(T("acct", 8), "k", 2)
-    assert (info.value.resource, info.value.token, info.value.high_water) == ("acct", 8, 9)
-    with pytest.raises(StaleTokenError) as info:
-        adapter.claim(T("acct", 3))
-    assert (info.value.resource, info.value.token, info.value.high_water) == ("acct", 3, 9)
+    assert _stale_fields(lambda: adapter.write(T("acct", 8), "k", 2)) == ("acct", 8, 9)
+    assert _stale_fields(lambda: adapter.claim(T("acct", 3))) == ("acct", 3, 9)
     assert adapter.read("k") == 1
     assert adapter.high_water("acct") == 9
 
