@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 
@@ -26,19 +27,13 @@ def zk_tls(certs: Certs) -> Iterator[TLSZooKeeperServer]:
 
 @pytest.fixture(scope="session")
 def redis_tls(certs: Certs) -> Iterator[RedisServer]:
-    server = RedisServer(certs, {"fencer": REDIS_PASSWORD})
-    try:
+    with closing(RedisServer(certs, {"fencer": REDIS_PASSWORD})) as server:
         server.start()
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="session")
 def pg_tls(certs: Certs) -> Iterator[PostgresServer]:
-    server = PostgresServer(certs, {"fencer": PG_PASSWORD})
-    try:
+    with closing(PostgresServer(certs, {"fencer": PG_PASSWORD})) as server:
         server.start()
         yield server
-    finally:
-        server.close()

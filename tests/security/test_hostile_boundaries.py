@@ -9,7 +9,7 @@ import io
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -63,6 +63,20 @@ def in_temp_dir() -> Iterator[str]:
             os.chdir(old)
 
 
+def _build_or_refuse(build: Callable[[str], Any], url: str) -> None:
+    """Build from *url* in a temporary directory and close what was built, unless *build* raises
+    FencingConfigurationError (any other exception fails the test)."""
+    # Relative sqlite paths only: an absolute one could name any file on the machine.
+    if url.lower().startswith("sqlite:////"):
+        url = "sqlite:///" + url[len("sqlite:////") :]
+    with in_temp_dir():
+        try:
+            built = build(url)
+        except FencingConfigurationError:
+            return
+        built.close()
+
+
 def _url(scheme: str, netloc: str, path: str, query: str) -> str:
     return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "")
 
@@ -88,15 +102,7 @@ source_urls = st.one_of(
 @given(source_urls)
 def test_source_urls_build_a_source_or_refuse_clearly(url: str) -> None:
     """token_source_from_url either builds a source (connecting to nothing) or raises FencingConfigurationError."""
-    # Relative sqlite paths only: an absolute one could name any file on the machine.
-    if url.lower().startswith("sqlite:////"):
-        url = "sqlite:///" + url[len("sqlite:////") :]
-    with in_temp_dir():
-        try:
-            source = token_source_from_url(url)
-        except FencingConfigurationError:
-            return
-        source.close()
+    _build_or_refuse(token_source_from_url, url)
 
 
 gate_urls = st.one_of(
@@ -117,14 +123,7 @@ gate_urls = st.one_of(
 @given(gate_urls)
 def test_gate_urls_build_a_gate_or_refuse_clearly(url: str) -> None:
     """gate_from_url either builds a gate (sending nothing) or raises FencingConfigurationError."""
-    if url.lower().startswith("sqlite:////"):
-        url = "sqlite:///" + url[len("sqlite:////") :]
-    with in_temp_dir():
-        try:
-            opened = gate_from_url(url)
-        except FencingConfigurationError:
-            return
-        opened.close()
+    _build_or_refuse(gate_from_url, url)
 
 
 @settings(max_examples=400, deadline=None)
