@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,18 @@ async def _echo_server() -> asyncio.Server:
     return await asyncio.start_server(echo, "127.0.0.1", 0)
 
 
+@contextlib.asynccontextmanager
+async def _proxied_echo() -> AsyncIterator[TcpProxy]:
+    """A TcpProxy (in pass mode) in front of a local echo server; both closed on exit."""
+    server = await _echo_server()
+    proxy = await TcpProxy(server.sockets[0].getsockname()[:2]).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+        server.close()
+
+
 async def _roundtrip(port: int, payload: bytes, timeout: float) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -33,21 +47,24 @@ async def _roundtrip(port: int, payload: bytes, timeout: float) -> bytes:
         writer.close()
 
 
+async def _open_echoing(port: int, payload: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to *port* that has echoed *payload* once (so it is open end to end), left open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    assert await asyncio.wait_for(reader.readexactly(len(payload)), 5) == payload
+    return reader, writer
+
+
 def test_proxy_pass_and_delay() -> None:
     """In pass mode bytes go through; in delay mode each chunk arrives no sooner than the delay."""
 
     async def scenario() -> float:
-        server = await _echo_server()
-        proxy = await TcpProxy(server.sockets[0].getsockname()[:2]).start()
-        try:
+        async with _proxied_echo() as proxy:
             assert await _roundtrip(proxy.port, b"hello", 5) == b"hello"
             proxy.set_mode("delay", 0.3)
             began = time.monotonic()
             assert await _roundtrip(proxy.port, b"slow", 5) == b"slow"
             return time.monotonic() - began
-        finally:
-            await proxy.close()
-            server.close()
 
     elapsed = asyncio.run(scenario())
     assert elapsed >= 0.6, "two hops (there and back) of 0.3 s each"
@@ -57,12 +74,8 @@ def test_proxy_blackhole_holds_and_pass_releases() -> None:
     """A blackhole forwards nothing (no reply, no error) and drops nothing: pass again delivers what was held."""
 
     async def scenario() -> None:
-        server = await _echo_server()
-        proxy = await TcpProxy(server.sockets[0].getsockname()[:2]).start()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-            writer.write(b"one")
-            assert await asyncio.wait_for(reader.readexactly(3), 5) == b"one"
+        async with _proxied_echo() as proxy:
+            reader, writer = await _open_echoing(proxy.port, b"one")
             proxy.set_mode("blackhole")
             writer.write(b"two")
             with pytest.raises(asyncio.TimeoutError):
@@ -71,9 +84,6 @@ def test_proxy_blackhole_holds_and_pass_releases() -> None:
             assert await asyncio.wait_for(reader.readexactly(3), 5) == b"two"
             assert proxy.stats.held >= 1
             writer.close()
-        finally:
-            await proxy.close()
-            server.close()
 
     asyncio.run(scenario())
 
@@ -82,21 +92,14 @@ def test_proxy_reset_aborts_connections() -> None:
     """Reset mode aborts open connections with an RST and resets new ones at once."""
 
     async def scenario() -> None:
-        server = await _echo_server()
-        proxy = await TcpProxy(server.sockets[0].getsockname()[:2]).start()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-            writer.write(b"x")
-            await asyncio.wait_for(reader.readexactly(1), 5)
+        async with _proxied_echo() as proxy:
+            reader, _ = await _open_echoing(proxy.port, b"x")
             proxy.set_mode("reset")
             with pytest.raises((ConnectionResetError, asyncio.IncompleteReadError)):
                 await asyncio.wait_for(reader.readexactly(1), 5)
             with pytest.raises((ConnectionResetError, asyncio.IncompleteReadError, BrokenPipeError)):
                 await _roundtrip(proxy.port, b"y", 5)
             assert proxy.stats.resets >= 2
-        finally:
-            await proxy.close()
-            server.close()
 
     asyncio.run(scenario())
 
