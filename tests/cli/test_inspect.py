@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from celery_fencing import FencingToken, RedisGate, SQLiteTokenSource, TokenSource
+from celery_fencing import FencingToken, RedisGate, SQLiteTokenSource
 from celery_fencing.cli import main
 from celery_fencing.gates.sql import SQLGate
 from celery_fencing.sources.etcd import EtcdTokenSource
@@ -111,27 +111,33 @@ def test_inspect_mints_nothing(tmp_path: Path) -> None:
     source.close()
 
 
-def _check_last_token_is_peeked(source: TokenSource, url: str, redis_url: str, redis_gate: RedisGate) -> None:
-    """Mint job:1 on *source* (at *url*) and claim it: two inspections both show that token as the last and the
-    gate's mark, job:2 (never minted) has no last token, and the source's next job:1 token is larger."""
-    token = source.mint("job:1")
-    redis_gate.claim(token)
-    args = ("--source", url, "--gate", redis_url, "--redis-prefix", redis_gate.prefix, "--json", "job:1", "job:2")
-    first = json.loads(inspect(*args)[1])["resources"]
-    second = json.loads(inspect(*args)[1])["resources"]
-    assert first[0]["last_token"] == second[0]["last_token"] == token.value
-    assert first[0]["marks"][0]["high_water"] == token.value
-    assert first[1]["last_token"] is None
-    assert source.mint("job:1").value > token.value
+def _check_last_token_is_peeked(
+    server: ZooKeeperServer | EtcdServer,
+    source_class: type[ZooKeeperTokenSource | EtcdTokenSource],
+    unique_name: str,
+    redis_url: str,
+    redis_gate: RedisGate,
+) -> None:
+    """Mint job:1 from a source on *server* and claim it: two inspections both show that token as the last and
+    the gate's mark, job:2 (never minted) has no last token, and the source's next job:1 token is larger."""
+    url = server.url(f"/{unique_name}")
+    with source_class.from_url(url) as source:
+        token = source.mint("job:1")
+        redis_gate.claim(token)
+        args = ("--source", url, "--gate", redis_url, "--redis-prefix", redis_gate.prefix, "--json", "job:1", "job:2")
+        first = json.loads(inspect(*args)[1])["resources"]
+        second = json.loads(inspect(*args)[1])["resources"]
+        assert first[0]["last_token"] == second[0]["last_token"] == token.value
+        assert first[0]["marks"][0]["high_water"] == token.value
+        assert first[1]["last_token"] is None
+        assert source.mint("job:1").value > token.value
 
 
 def test_zookeeper_last_token_is_peeked_not_minted(
     zookeeper_server: ZooKeeperServer, redis_url: str, redis_gate: RedisGate, unique_name: str
 ) -> None:
     """For ZooKeeper the last token is the mzxid of the token znode: shown exactly, and reading it mints nothing."""
-    url = zookeeper_server.url(f"/{unique_name}")
-    with ZooKeeperTokenSource.from_url(url) as source:
-        _check_last_token_is_peeked(source, url, redis_url, redis_gate)
+    _check_last_token_is_peeked(zookeeper_server, ZooKeeperTokenSource, unique_name, redis_url, redis_gate)
 
 
 def test_zookeeper_task_ids_are_bounded_by_the_ensembles_zxid(
@@ -159,9 +165,7 @@ def test_etcd_last_token_is_peeked_not_minted(
     etcd_server: EtcdServer, redis_url: str, redis_gate: RedisGate, unique_name: str
 ) -> None:
     """For etcd the last token is the mod_revision of the token key: shown exactly, and reading it mints nothing."""
-    url = etcd_server.url(f"/{unique_name}")
-    with EtcdTokenSource.from_url(url) as source:
-        _check_last_token_is_peeked(source, url, redis_url, redis_gate)
+    _check_last_token_is_peeked(etcd_server, EtcdTokenSource, unique_name, redis_url, redis_gate)
 
 
 def test_mark_ahead_of_source_is_a_finding(tmp_path: Path, redis_url: str, redis_gate: RedisGate) -> None:
