@@ -13,7 +13,7 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -272,16 +272,22 @@ def test_closed_source_refuses_and_close_is_idempotent(make_source: Callable[...
 # Client ownership and fork ------------------------------------------------------------
 
 
+@pytest.fixture
+def callers_client(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    """A KazooClient of the test's own on the standalone server, to hand to a source as the caller's client."""
+    with started_client(zookeeper_server.hosts) as client:
+        yield client
+
+
 def test_callers_client_is_not_stopped_on_close(
-    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+    callers_client: KazooClient, make_source: Callable[..., ZooKeeperTokenSource]
 ) -> None:
     """A source given a caller's KazooClient leaves it connected and usable when it closes."""
-    with started_client(zookeeper_server.hosts) as client:
-        source = make_source(client=client)
-        source.mint("r")
-        source.close()
-        assert client.connected
-        assert client.exists(f"{source.root}/tokens/r") is not None
+    source = make_source(client=callers_client)
+    source.mint("r")
+    source.close()
+    assert callers_client.connected
+    assert callers_client.exists(f"{source.root}/tokens/r") is not None
 
 
 def _mint_in_child(source: ZooKeeperTokenSource, results: multiprocessing.Queue[object]) -> None:
@@ -315,16 +321,15 @@ def test_own_client_is_rebuilt_in_a_forked_child(make_source: Callable[..., ZooK
 
 
 def test_callers_client_is_refused_in_a_forked_child(
-    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource]
+    callers_client: KazooClient, make_source: Callable[..., ZooKeeperTokenSource]
 ) -> None:
     """A caller's KazooClient that crossed fork is refused with a FencingConfigurationError naming the cause."""
-    with started_client(zookeeper_server.hosts) as client:
-        source = make_source(client=client)
-        source.mint("forked")
-        in_child = _run_forked(source)
-        assert isinstance(in_child, FencingConfigurationError)
-        assert "fork" in str(in_child)
-        source.mint("forked")
+    source = make_source(client=callers_client)
+    source.mint("forked")
+    in_child = _run_forked(source)
+    assert isinstance(in_child, FencingConfigurationError)
+    assert "fork" in str(in_child)
+    source.mint("forked")
 
 
 # URLs and arguments -------------------------------------------------------------------
@@ -446,34 +451,33 @@ def test_expired_session_hands_the_lease_over_and_tells_the_holder(
 
 
 def test_holder_without_its_lock_node_cannot_mint_before_it_is_told(
-    zookeeper_server: ZooKeeperServer, make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
+    callers_client: KazooClient, make_source: Callable[..., ZooKeeperTokenSource], admin: KazooClient
 ) -> None:
     """With the lock node gone but the watch not yet delivered, the multi-op itself refuses to mint."""
-    with started_client(zookeeper_server.hosts) as holder_client:
-        source = make_source(client=holder_client)
-        with source.lease("acct:6") as lease:
-            token_path = f"{source.root}/tokens/acct:6"
-            _, before = admin.get(token_path)
-            # Hold kazoo's callback thread (which delivers watches) inside a watch of our own.
-            blocking, release = threading.Event(), threading.Event()
+    source = make_source(client=callers_client)
+    with source.lease("acct:6") as lease:
+        token_path = f"{source.root}/tokens/acct:6"
+        _, before = admin.get(token_path)
+        # Hold kazoo's callback thread (which delivers watches) inside a watch of our own.
+        blocking, release = threading.Event(), threading.Event()
 
-            def block(_event: object) -> None:
-                blocking.set()
-                release.wait(30)
+        def block(_event: object) -> None:
+            blocking.set()
+            release.wait(30)
 
-            holder_client.exists(f"{source.root}/blocker", watch=block)
-            admin.create(f"{source.root}/blocker")
-            assert blocking.wait(10)
-            try:
-                admin.delete(lease.lock_path)
-                assert not lease.lost, "the deletion watch should still be queued"
-                with pytest.raises(LeaseLostError, match="no longer exists"):
-                    lease.mint()
-                assert lease.lost
-            finally:
-                release.set()
-            _, after = admin.get(token_path)
-            assert after.mzxid == before.mzxid, "a holder without its lock node minted"
+        callers_client.exists(f"{source.root}/blocker", watch=block)
+        admin.create(f"{source.root}/blocker")
+        assert blocking.wait(10)
+        try:
+            admin.delete(lease.lock_path)
+            assert not lease.lost, "the deletion watch should still be queued"
+            with pytest.raises(LeaseLostError, match="no longer exists"):
+                lease.mint()
+            assert lease.lost
+        finally:
+            release.set()
+        _, after = admin.get(token_path)
+        assert after.mzxid == before.mzxid, "a holder without its lock node minted"
 
 
 def test_deleted_lock_node_marks_the_lease_lost(
