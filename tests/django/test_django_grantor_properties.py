@@ -3,22 +3,22 @@ marks with grantors in tests/security/test_grantor_properties.py, for any sequen
 (transaction mode and guard), tokens of other grantors and none included.
 
 Here rather than in tests/security because the Django project (its own PostgreSQL schema and SQLite file)
-is set up by this directory's conftest; the model and the operations are imported, not copied."""
+is set up by this directory's conftest; the model, the operations and the settings are imported, not copied."""
 
 from __future__ import annotations
 
 import uuid
 
 from django.db import transaction
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from celery_fencing import FencingToken
-from tests.security.test_grantor_properties import _check_against_model, ops
+from tests.security.test_grantor_properties import ON_A_DATABASE, _check_against_model, ops
 
 from .adapters import DjangoAdapter
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@ON_A_DATABASE
 @given(ops)
 def test_django_gate_follows_the_grantor_model(
     adapter: DjangoAdapter, operations: list[tuple[str, str, int, str | None]]
