@@ -91,32 +91,26 @@ def record_events(path: Path | str) -> Callable[[], None]:
     def minted(sender: Any = None, task_id: Any = None, token: Any = None, **_: Any) -> None:
         write("minted", task_id, sender, token=_token_value(token), resource=getattr(token, "resource", None))
 
-    def rejected(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
+    def refused(kind: str, task_id: Any, sender: Any, kw: dict[str, Any], **fields: Any) -> None:
+        """A refusal (``rejected``, ``duplicate``): where and how it was refused, and the error's class."""
         error = kw.get("error")
         write(
-            "rejected",
+            kind,
             task_id,
             sender,
-            token=_token_value(kw.get("token")) or _execution_token(sender),
             resource=kw.get("resource"),
             phase=kw.get("phase"),
             action=kw.get("action"),
-            high_water=_token_value(kw.get("high_water")),
             error=type(error).__name__ if error is not None else None,
+            **fields,
         )
 
+    def rejected(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
+        token = _token_value(kw.get("token")) or _execution_token(sender)
+        refused("rejected", task_id, sender, kw, token=token, high_water=_token_value(kw.get("high_water")))
+
     def duplicate(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
-        error = kw.get("error")
-        write(
-            "duplicate",
-            task_id,
-            sender,
-            token=_execution_token(sender),
-            resource=kw.get("resource"),
-            phase=kw.get("phase"),
-            action=kw.get("action"),
-            error=type(error).__name__ if error is not None else None,
-        )
+        refused("duplicate", task_id, sender, kw, token=_execution_token(sender))
 
     def dropped(sender: Any = None, task_id: Any = None, **kw: Any) -> None:
         write(
