@@ -24,12 +24,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from celery_fencing.testing.processes import children_of, process_state
+from celery_fencing.testing.processes import Deadline, children_of, process_state
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -70,15 +69,12 @@ def free_port() -> int:
 
 
 async def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll *predicate* (sync) until truthy; raise TimeoutError naming *what* after *timeout*."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """Poll *predicate* (sync) until truthy, sleeping in the loop; raise TimeoutError naming *what* after *timeout*."""
+    deadline = Deadline(timeout, what, TimeoutError)
+    while not (value := predicate()):
+        deadline.check()
         await asyncio.sleep(interval)
+    return value
 
 
 def _pdeathsig() -> list[str]:
@@ -88,6 +84,7 @@ def _pdeathsig() -> list[str]:
 
 class _Server:
     process: subprocess.Popen[bytes] | None = None
+    log_path: Path
 
     @property
     def pid(self) -> int | None:
@@ -102,6 +99,16 @@ class _Server:
             self.process = subprocess.Popen(
                 [*_pdeathsig(), *args], stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, **kwargs
             )
+
+    async def _wait_serving(self, answers: Callable[[], bool], timeout: float, name: str) -> None:
+        """Poll *answers* until it holds; raise RuntimeError pointing at the log if the server *name* exits first."""
+
+        def serving() -> bool:
+            if not self.running:
+                raise RuntimeError(f"{name} exited; see {self.log_path}")
+            return answers()
+
+        await wait_until(serving, timeout, name)
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -125,6 +132,7 @@ class ThrowawayRedis(_Server):
         self.directory.mkdir(parents=True, exist_ok=True)
         self.aof = aof
         self.port = port or free_port()
+        self.log_path = directory / "redis.log"
         self.restarts = 0
 
     @property
@@ -149,7 +157,7 @@ class ThrowawayRedis(_Server):
             "--protected-mode",
             "no",
         ]
-        self._spawn(args, self.directory / "redis.log")
+        self._spawn(args, self.log_path)
 
     def ping(self) -> bool:
         import redis
@@ -177,12 +185,7 @@ class ThrowawayRedis(_Server):
 
     async def start(self, timeout: float = 20) -> None:
         self.launch()
-        await wait_until(lambda: self._alive_or_raise() and self.ping(), timeout, f"redis on port {self.port}")
-
-    def _alive_or_raise(self) -> bool:
-        if not self.running:
-            raise RuntimeError(f"redis-server on port {self.port} exited; see {self.directory / 'redis.log'}")
-        return True
+        await self._wait_serving(self.ping, timeout, f"redis-server on port {self.port}")
 
     def stop(self) -> None:
         self.kill()
@@ -206,6 +209,7 @@ class ThrowawayPostgres(_Server):
         self.port = port or free_port()
         self.data = self.directory / "data"
         self.socket_dir = self.directory / "sock"
+        self.log_path = self.directory / "postgres.log"
         self.restarts = 0
 
     @property
@@ -254,8 +258,7 @@ class ThrowawayPostgres(_Server):
             "-c",
             "log_min_messages=warning",
         ]
-        log = self.directory / "postgres.log"
-        with log.open("ab") as handle:
+        with self.log_path.open("ab") as handle:
             # setpriv already carries --pdeathsig (after the uid change, where it must be set).
             self.process = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, cwd="/"
@@ -286,12 +289,7 @@ class ThrowawayPostgres(_Server):
         if not (self.data / "PG_VERSION").exists():
             await asyncio.to_thread(self.init)
         self.launch()
-        await wait_until(lambda: self._alive_or_raise() and self.accepting(), timeout, f"postgres on {self.port}")
-
-    def _alive_or_raise(self) -> bool:
-        if not self.running:
-            raise RuntimeError(f"postgres on port {self.port} exited; see {self.directory / 'postgres.log'}")
-        return True
+        await self._wait_serving(self.accepting, timeout, f"postgres on port {self.port}")
 
     async def shutdown_immediate(self, timeout: float = 30) -> None:
         """Immediate shutdown (SIGQUIT, what ``pg_ctl -m immediate`` sends): a crash, recovered at next start."""

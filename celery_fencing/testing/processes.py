@@ -24,6 +24,7 @@ from typing import TypeVar
 __all__ = [
     "HOST",
     "PDEATHSIG",
+    "Deadline",
     "children_of",
     "forget",
     "free_ports",
@@ -59,6 +60,24 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+class Deadline:
+    """*timeout* seconds from now, for *what*: a polling loop calls :meth:`check` between its tries.
+
+    :param error: what :meth:`check` raises once the deadline has passed.
+    """
+
+    def __init__(self, timeout: float, what: str, error: type[Exception] = AssertionError) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.error = error
+        self._at = time.monotonic() + timeout
+
+    def check(self) -> None:
+        """Raise :attr:`error`, naming what was waited for, if the deadline has passed."""
+        if time.monotonic() >= self._at:
+            raise self.error(f"timed out after {self.timeout:g}s waiting for {self.what}")
+
+
 def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: float = 0.02) -> _T:
     """Poll *predicate* until it returns something truthy and return it; after *timeout* seconds
     raise :class:`AssertionError` naming *what*.
@@ -66,14 +85,11 @@ def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: f
     The interval is a polling period, not a guess at how long something takes:
     the loop re-checks until the condition holds.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    deadline = Deadline(timeout, what)
+    while not (value := predicate()):
+        deadline.check()
         time.sleep(interval)
+    return value
 
 
 def children_of(pid: int) -> list[int]:
