@@ -17,13 +17,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from . import processes
 
-__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ServerGroup", "ServerProcess"]
+__all__ = ["START_TIMEOUT", "STOP_TIMEOUT", "ServerGroup", "ServerProcess", "source_url"]
 
 #: Seconds a start may take: generous, as other suites may share a small machine's cores.
 START_TIMEOUT = 60.0
@@ -159,6 +159,12 @@ class ServerProcess:
     def __repr__(self) -> str:
         state = "paused" if self.paused else "running" if self.running else "stopped"
         return f"<{self.describe()} {state}>"
+
+
+def source_url(scheme: str, hosts: str, path: str, params: Mapping[str, object]) -> str:
+    """A token source URL naming a group's members: ``scheme://hosts/path``, with *params* as its query."""
+    query = "&".join(f"{key}={value}" for key, value in params.items())
+    return f"{scheme}://{hosts}{path}" + (f"?{query}" if query else "")
 
 
 Member = TypeVar("Member", bound=ServerProcess)

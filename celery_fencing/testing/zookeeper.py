@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 
 from .processes import HOST, free_ports
-from .servers import START_TIMEOUT, ServerGroup, ServerProcess
+from .servers import START_TIMEOUT, ServerGroup, ServerProcess, source_url
 
 __all__ = [
     "CLASSPATH",
@@ -241,8 +241,7 @@ class ZooKeeperServer(ServerGroup[ZooKeeperNode]):
 
     def url(self, root: str = "/fencing", **params: object) -> str:
         """A ``zookeeper://`` URL for this server (query parameters from *params*)."""
-        query = "&".join(f"{key}={value}" for key, value in params.items())
-        return f"zookeeper://{self.hosts}{root}" + (f"?{query}" if query else "")
+        return source_url("zookeeper", self.hosts, root, params)
 
     def stop(self) -> None:
         self.node.stop()

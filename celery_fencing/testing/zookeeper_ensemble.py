@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .processes import HOST, free_ports
-from .servers import ServerGroup
+from .servers import ServerGroup, source_url
 from .zookeeper import ZooKeeperError, ZooKeeperNode, _base_config
 
 __all__ = ["ZooKeeperEnsemble", "expire_session"]
@@ -78,8 +78,7 @@ class ZooKeeperEnsemble(ServerGroup[ZooKeeperNode]):
         return ",".join(node.hosts for node in self.nodes)
 
     def url(self, root: str = "/fencing", **params: object) -> str:
-        query = "&".join(f"{key}={value}" for key, value in params.items())
-        return f"zookeeper://{self.hosts}{root}" + (f"?{query}" if query else "")
+        return source_url("zookeeper", self.hosts, root, params)
 
 
 def expire_session(client: Any, hosts: str, *, timeout: float = 30.0) -> None:
