@@ -25,6 +25,7 @@ __all__ = [
     "HOST",
     "PDEATHSIG",
     "Deadline",
+    "accepts_connections",
     "children_of",
     "forget",
     "free_ports",
@@ -90,6 +91,15 @@ def wait_for(predicate: Callable[[], _T], timeout: float, what: str, interval: f
         deadline.check()
         time.sleep(interval)
     return value
+
+
+def accepts_connections(port: int, host: str = HOST) -> bool:
+    """Whether something accepts a TCP connection on *host*:*port* (within a second)."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def children_of(pid: int) -> list[int]:

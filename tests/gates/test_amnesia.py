@@ -12,10 +12,6 @@ lands.
 
 from __future__ import annotations
 
-import shutil
-import signal
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,49 +25,22 @@ from celery_fencing import BelowFloorError, FencingToken, RedisGate, StoreUnarme
 from celery_fencing.celery import signals
 from celery_fencing.context import Execution, token_context
 from celery_fencing.sources.sqlite import SQLiteTokenSource
-from tests.fixtures import zookeeper as zk
-from tests.security.servers import _stop, _wait_port
+from celery_fencing.testing.redis_server import RedisServer
 
 
-class VolatileRedis:
-    """A redis-server that keeps nothing on disk: a restart forgets every key."""
-
-    def __init__(self) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix="redis-volatile-"))
-        self.port = zk.free_ports(1)[0]
-        self.log = self.directory / "redis.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                args, cwd=self.directory, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        _wait_port(self.port, self.process, self.log)
+class VolatileRedis(RedisServer):
+    """A redis-server that keeps nothing on disk (the kit's default): a restart forgets every key."""
 
     def restart(self) -> None:
         """kill -9 and start again: everything the server held is gone."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(15)
+        self.kill()
         self.start()
-
-    def close(self) -> None:
-        _stop(self.process)
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @pytest.fixture
 def volatile_redis() -> Iterator[VolatileRedis]:
-    server = VolatileRedis()
-    server.start()
-    yield server
-    server.close()
+    with VolatileRedis() as server:
+        yield server
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -20,10 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from celery_fencing.testing import redis_server
+from celery_fencing.testing.processes import accepts_connections
+from celery_fencing.testing.servers import START_TIMEOUT, ServerProcess
 from tests.fixtures import zookeeper as zk
 
 HOST = "127.0.0.1"
-START_TIMEOUT = 60.0
 # The newest PostgreSQL installed (Debian keeps each major version apart); 15 on the development machine.
 PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), default=Path("/nonexistent"))
 
@@ -31,36 +32,6 @@ PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.pare
 def _setpriv(*extra: str) -> list[str]:
     setpriv = shutil.which("setpriv")
     return [setpriv, *extra, "--pdeathsig", "KILL"] if setpriv else []
-
-
-def _wait_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited ({process.returncode}):\n{_tail(log)}")
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server on port {port} did not listen within {timeout}s:\n{_tail(log)}")
-        time.sleep(0.05)  # polling interval; the loop re-checks
-
-
-def _tail(log: Path) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(process: subprocess.Popen[bytes] | None) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(15)
 
 
 @dataclass(frozen=True)
@@ -185,14 +156,12 @@ class TLSZooKeeperServer(zk.ZooKeeperServer):
         return f"{HOST}:{self.secure_port}"
 
 
-class RedisServer:
+class RedisServer(redis_server.RedisServer):
     """A redis-server with ACL users (the default user off) and TLS only (``port 0``)."""
 
     def __init__(self, certs: Certs, users: dict[str, str]) -> None:
+        super().__init__()
         self.certs = certs
-        self.directory = Path(tempfile.mkdtemp(prefix="redis-tls-"))
-        self.port = zk.free_ports(1)[0]
-        self.log = self.directory / "redis.log"
         lines = [
             f"bind {HOST}",
             "port 0",
@@ -208,25 +177,15 @@ class RedisServer:
             *(f"user {name} on >{password} ~* &* +@all" for name, password in users.items()),
         ]
         (self.directory / "redis.conf").write_text("\n".join(lines) + "\n")
-        self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [*_setpriv(), "redis-server", str(self.directory / "redis.conf")],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-            )
-        _wait_port(self.port, self.process, self.log)
+    def command(self) -> list[str]:
+        return [redis_server.REDIS_SERVER, str(self.directory / "redis.conf")]
 
-    def close(self) -> None:
-        _stop(self.process)
-        shutil.rmtree(self.directory, ignore_errors=True)
+    def serving(self) -> bool:
+        return accepts_connections(self.port)  # TLS only: a plain PING gets no answer
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """A PostgreSQL cluster that takes TLS connections only (``hostnossl ... reject``), with password auth.
 
     ``initdb`` and ``postgres`` run as the ``postgres`` system user (PostgreSQL
@@ -234,19 +193,22 @@ class PostgresServer:
     """
 
     def __init__(self, certs: Certs, users: dict[str, str]) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="pg-tls-"))
+        super().__init__(directory, directory / "postgres.log")
         self.certs = certs
         self.users = users
-        self.directory = Path(tempfile.mkdtemp(prefix="pg-tls-"))
         self.data = self.directory / "data"
+        self.tls = self.directory / "tls"
         self.port = zk.free_ports(1)[0]
-        self.log = self.directory / "postgres.log"
-        self.process: subprocess.Popen[bytes] | None = None
+
+    def describe(self) -> str:
+        return f"postgres on port {self.port}"
 
     def _as_postgres(self, *command: str) -> list[str]:
         return [*_setpriv("--reuid=postgres", "--regid=postgres", "--init-groups"), *command]
 
     def start(self) -> None:
-        tls = self.directory / "tls"
+        tls = self.tls
         tls.mkdir()
         for source, name in ((self.certs.server_cert, "server.pem"), (self.certs.server_key, "server.key")):
             shutil.copy(source, tls / name)
@@ -275,37 +237,39 @@ class PostgresServer:
         (self.data / "pg_hba.conf").write_text(
             "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\nhostnossl all all 127.0.0.1/32 reject\n"
         )
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                self._as_postgres(
-                    str(PG_BIN / "postgres"),
-                    "-D",
-                    str(self.data),
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.directory),
-                    "-c",
-                    f"listen_addresses={HOST}",
-                    "-c",
-                    "ssl=on",
-                    "-c",
-                    f"ssl_cert_file={tls / 'server.pem'}",
-                    "-c",
-                    f"ssl_key_file={tls / 'server.key'}",
-                    "-c",
-                    f"ssl_ca_file={tls / 'ca.pem'}",
-                    "-c",
-                    "fsync=off",
-                ),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-            )
-        _wait_port(self.port, self.process, self.log)
+        self.launch()
+        self.wait_serving()
         for name, password in self.users.items():
             self.psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' SUPERUSER")
+
+    def launch(self) -> None:
+        tls = self.tls
+        self._spawn(
+            self._as_postgres(
+                str(PG_BIN / "postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.directory),
+                "-c",
+                f"listen_addresses={HOST}",
+                "-c",
+                "ssl=on",
+                "-c",
+                f"ssl_cert_file={tls / 'server.pem'}",
+                "-c",
+                f"ssl_key_file={tls / 'server.key'}",
+                "-c",
+                f"ssl_ca_file={tls / 'ca.pem'}",
+                "-c",
+                "fsync=off",
+            )
+        )
+
+    def wait_serving(self, timeout: float = START_TIMEOUT) -> None:
+        self._wait_until(lambda: accepts_connections(self.port), timeout)
 
     def psql(self, sql: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -333,11 +297,11 @@ class PostgresServer:
             if done.returncode == 0:
                 return
             if time.monotonic() > deadline or b"starting up" not in done.stderr + done.stdout:
-                raise RuntimeError(f"psql failed: {done.stderr.decode(errors='replace')}\n{_tail(self.log)}")
+                raise RuntimeError(f"psql failed: {done.stderr.decode(errors='replace')}\n{self.log_tail()}")
             time.sleep(0.1)  # the server is still starting; psql is retried
 
     def close(self) -> None:
-        _stop(self.process)
+        self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
