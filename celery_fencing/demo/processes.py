@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from functools import cache
 from pathlib import Path
+
+from ..testing.processes import PDEATHSIG, spawn
 
 __all__ = ["DemoWorker", "process_state"]
 
@@ -40,15 +40,6 @@ def process_state(pid: int) -> str:
     return done.stdout.strip()[:1]
 
 
-@cache
-def _pdeathsig_prefix() -> tuple[str, ...]:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        return ()
-    help_text = subprocess.run([setpriv, "--help"], capture_output=True, text=True, check=False).stdout
-    return (setpriv, "--pdeathsig", "KILL") if "--pdeathsig" in help_text else ()
-
-
 class DemoWorker:
     """One ``celery -A celery_fencing.demo.app worker --pool solo`` process, logging to a file."""
 
@@ -57,7 +48,7 @@ class DemoWorker:
         self.log_path = directory / f"{name}.log"
         self.directory = directory
         self.args = [
-            *_pdeathsig_prefix(),
+            *PDEATHSIG,
             sys.executable,
             "-m",
             "celery",
@@ -83,16 +74,7 @@ class DemoWorker:
 
     def start(self) -> None:
         """Start the process (readiness is reported through the event log)."""
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args,
-                cwd=self.directory,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = spawn(self.args, self.log_path, cwd=self.directory, env=self.env)
 
     @property
     def pid(self) -> int:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,6 +31,7 @@ __all__ = [
     "free_ports",
     "process_state",
     "register",
+    "spawn",
     "wait_for",
 ]
 
@@ -132,6 +133,27 @@ def _pdeathsig_prefix() -> list[str]:
 
 #: The command prefix that kills a child when the thread that started it dies ([] where unsupported).
 PDEATHSIG = _pdeathsig_prefix()
+
+
+def spawn(
+    command: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start *command* in a session of its own, stdin closed, stdout and stderr appended to *log_path*.
+
+    In a session of its own, a terminal's Ctrl-C reaches only the parent,
+    which then stops the child in order. Prefix :data:`PDEATHSIG` and
+    :func:`register` the process where it must not outlive the parent.
+    """
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def register(process: subprocess.Popen[bytes]) -> None:

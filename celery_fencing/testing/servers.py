@@ -80,18 +80,7 @@ class ServerProcess:
         """Start *command* under the parent-death signal, its output in the log; raise if already running."""
         if self.running:
             raise self.error(f"{self.describe()} is already running")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it; closed right after fork
-        try:
-            self.process = subprocess.Popen(
-                [*processes.PDEATHSIG, *command],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self.process = processes.spawn([*processes.PDEATHSIG, *command], self.log_path, cwd=self.directory)
         self.paused = False
         processes.register(self.process)
 

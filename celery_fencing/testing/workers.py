@@ -113,16 +113,7 @@ class WorkerProcess:
         the thread that started the process exits.
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*processes.PDEATHSIG, *self.args],
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = processes.spawn([*processes.PDEATHSIG, *self.args], self.log_path, cwd=self.cwd, env=self.env)
         processes.register(self.proc)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
