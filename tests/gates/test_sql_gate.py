@@ -25,6 +25,7 @@ from celery_fencing import (
 )
 from celery_fencing.context import Execution, token_context
 from celery_fencing.gates.sql import applied_table, high_water_table
+from celery_fencing.token import Mark
 
 from .adapters import make_engine
 
@@ -114,6 +115,33 @@ def test_create_schema_is_idempotent(gate: SQLGate, engine: sa.Engine) -> None:
     gate.create_schema()
     SQLGate(engine, table=gate.table.name).create_schema()
     assert gate.high_water("r") == 3
+
+
+def test_tables_in_a_named_schema_fence_and_reset(engine: sa.Engine, unique_name: str) -> None:
+    """The mark statements qualify the table with its schema: claims, refusals and the operator's reset there."""
+    schema = {"postgresql": f"s_{unique_name}", "sqlite": "main"}.get(engine.dialect.name, engine.url.database)
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(sa.schema.CreateSchema(schema))
+    gate = SQLGate(engine, table=f"hw_{unique_name}", applied_table=f"ap_{unique_name}", schema=schema)
+    gate.create_schema()
+    try:
+        gate.claim(T("acct", 5, "zk-1"))
+        with pytest.raises(StaleTokenError):
+            gate.claim(T("acct", 4, "zk-1"))
+        assert gate.mark("acct") == Mark("acct", 5, "zk-1")
+        gate.reset_mark(T("acct", 3, "zk-2"), expected=Mark("acct", 5, "zk-1"))
+        assert gate.mark("acct") == Mark("acct", 3, "zk-2")
+        with pytest.raises(StaleTokenError):
+            gate.reset_mark(T("acct", 2, "zk-2"), expected=Mark("acct", 5, "zk-1"))
+        gate.reset_mark(T("new", 7, "zk-2"), expected=None)
+        assert gate.high_water("new") == 7
+    finally:
+        gate.table.drop(engine, checkfirst=True)
+        gate.applied_table.drop(engine, checkfirst=True)
+        if engine.dialect.name == "postgresql":
+            with engine.begin() as conn:
+                conn.execute(sa.schema.DropSchema(schema))
 
 
 def test_table_layout(gate: SQLGate) -> None:
