@@ -4,8 +4,6 @@ the table missing before migration 0003, and SQLGate and DjangoGate sharing one 
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from typing import Any
 
 import pytest
@@ -31,11 +29,10 @@ from tests.gates.test_applied_contract import (
     test_without_once_the_second_execution_applies_again,
 )
 
-from .adapters import DjangoAdapter, child_apply, setup_django
-from .test_django_grantor import _sa_connect_args, fresh_database
+from .adapters import DjangoAdapter, child_apply
+from .migration_runs import run_migration_scenario, sa_connect_args
 
 __all__ = [
-    "fresh_database",
     "test_a_stale_copy_of_an_unapplied_task_is_stale_not_applied",
     "test_concurrent_executions_in_processes_apply_once",
     "test_different_task_ids_each_apply",
@@ -106,65 +103,46 @@ def test_a_refused_record_names_the_recorded_token(adapter: DjangoAdapter) -> No
     assert adapter.gate.high_water(RESOURCE) == 5
 
 
-def migration_child(scenario: str, alias: str, environ: dict[str, str], queue: Any) -> None:
-    """Child-process entry point: Django on a database of its own, then one migration scenario; report."""
-    os.environ.update(environ)
-    try:
-        setup_django()
-        from django.core.management import call_command
+def migration_scenario(scenario: str, alias: str, environ: dict[str, str]) -> dict[str, Any]:
+    """One migration scenario on a fresh database, in a child process (tests.django.migration_runs)."""
+    from django.core.management import call_command
 
-        seen: dict[str, Any] = {}
-        once = Execution(FencingToken("acct", 5), task_id="t", once=True)
-        gate = DjangoGate(alias)
-        if scenario == "missing":
-            call_command("migrate", "celery_fencing", "0002", database=alias, verbosity=0)
-            try:
-                with token_context(once), gate.transaction():
-                    pass
-            except Exception as exc:
-                seen["before"] = f"{type(exc).__name__}: {exc}"
-            seen["mark_before"] = gate.high_water("acct")
-            with token_context(Execution(FencingToken("acct", 4), task_id="t", once=False)), gate.transaction():
-                pass  # without exactly-once the gate needs no record table
-            call_command("migrate", "celery_fencing", database=alias, verbosity=0)
-        else:  # "sqlgate-first": SQLGate made both tables and recorded; Django adopts them
-            engine = sa.create_engine(environ["SQLALCHEMY_URL"], connect_args=_sa_connect_args(environ))
-            sql_gate = SQLGate(engine)
-            sql_gate.create_schema()
-            with token_context(once), sql_gate.transaction():
+    seen: dict[str, Any] = {}
+    once = Execution(FencingToken("acct", 5), task_id="t", once=True)
+    gate = DjangoGate(alias)
+    if scenario == "missing":
+        call_command("migrate", "celery_fencing", "0002", database=alias, verbosity=0)
+        try:
+            with token_context(once), gate.transaction():
                 pass
-            engine.dispose()
-            call_command("migrate", "celery_fencing", database=alias, fake_initial=True, verbosity=0)
-            try:
-                with token_context(Execution(FencingToken("acct", 6), task_id="t", once=True)), gate.transaction():
-                    pass
-            except AlreadyAppliedError as exc:
-                seen["second"] = type(exc).__name__
-        with token_context(once), gate.transaction():
+        except Exception as exc:
+            seen["before"] = f"{type(exc).__name__}: {exc}"
+        seen["mark_before"] = gate.high_water("acct")
+        with token_context(Execution(FencingToken("acct", 4), task_id="t", once=False)), gate.transaction():
+            pass  # without exactly-once the gate needs no record table
+        call_command("migrate", "celery_fencing", database=alias, verbosity=0)
+    else:  # "sqlgate-first": SQLGate made both tables and recorded; Django adopts them
+        engine = sa.create_engine(environ["SQLALCHEMY_URL"], connect_args=sa_connect_args(environ))
+        sql_gate = SQLGate(engine)
+        sql_gate.create_schema()
+        with token_context(once), sql_gate.transaction():
             pass
-        seen["applied"] = gate.applied("acct", "t") == once.execution_id
-        queue.put(seen)
-    except BaseException as exc:
-        queue.put(repr(exc))
-        raise
-    finally:
-        connections.close_all()
-
-
-def _run_child(scenario: str, alias: str, environ: dict[str, str]) -> dict[str, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    queue: Any = ctx.Queue()
-    proc = ctx.Process(target=migration_child, args=(scenario, alias, environ, queue))
-    proc.start()
-    result = queue.get(timeout=120)
-    proc.join(timeout=30)
-    assert isinstance(result, dict), result
-    return result
+        engine.dispose()
+        call_command("migrate", "celery_fencing", database=alias, fake_initial=True, verbosity=0)
+        try:
+            with token_context(Execution(FencingToken("acct", 6), task_id="t", once=True)), gate.transaction():
+                pass
+        except AlreadyAppliedError as exc:
+            seen["second"] = type(exc).__name__
+    with token_context(once), gate.transaction():
+        pass
+    seen["applied"] = gate.applied("acct", "t") == once.execution_id
+    return seen
 
 
 def test_missing_applied_table_fails_closed_until_migrated(fresh_database: tuple[str, dict[str, str]]) -> None:
     """At 0002, a write with exactly-once is refused naming the migration (nothing changes); after 0003 it works."""
-    seen = _run_child("missing", *fresh_database)
+    seen = run_migration_scenario(migration_scenario, "missing", *fresh_database)
     assert seen["before"].startswith("GateUnavailableError") and "manage.py migrate celery_fencing" in seen["before"]
     assert seen["mark_before"] is None
     assert seen["applied"] is True
@@ -172,6 +150,6 @@ def test_missing_applied_table_fails_closed_until_migrated(fresh_database: tuple
 
 def test_sqlgate_and_djangogate_share_the_applied_table(fresh_database: tuple[str, dict[str, str]]) -> None:
     """Migration 0003 adopts the table SQLGate made; a record SQLGate wrote refuses another execution at DjangoGate."""
-    seen = _run_child("sqlgate-first", *fresh_database)
+    seen = run_migration_scenario(migration_scenario, "sqlgate-first", *fresh_database)
     assert seen["second"] == "AlreadyAppliedError"
     assert seen["applied"] is True

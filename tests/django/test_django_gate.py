@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
@@ -24,80 +23,63 @@ from celery_fencing import (
 )
 from celery_fencing.gates.django import DjangoGate, fenced_update
 from tests.celery.workers import wait_for
-from tests.gates.adapters import AdapterSpec
 
-from .adapters import ALIASES, DjangoAdapter, sqlalchemy_engine
+from .adapters import DjangoAdapter, sqlalchemy_engine
 
 T = FencingToken
-
-
-@pytest.fixture(params=sorted(ALIASES))
-def db(request: pytest.FixtureRequest, django_project: None) -> Iterator[DjangoAdapter]:
-    built = DjangoAdapter(AdapterSpec("django", ALIASES[request.param]))
-    built.clear()
-    yield built
-    built.close()
-
-
-@pytest.fixture
-def pg(django_project: None) -> Iterator[DjangoAdapter]:
-    built = DjangoAdapter(AdapterSpec("django", "postgres"))
-    built.clear()
-    yield built
-    built.close()
 
 
 # Transaction mode ----------------------------------------------------------------------
 
 
-def test_guard_outside_an_atomic_block_is_refused(db: DjangoAdapter) -> None:
+def test_guard_outside_an_atomic_block_is_refused(adapter: DjangoAdapter) -> None:
     """guard() in autocommit raises FencingConfigurationError and writes no mark."""
     with pytest.raises(FencingConfigurationError, match="atomic"):
-        db.gate.guard(T("acct", 5))
-    assert db.gate.high_water("acct") is None
+        adapter.gate.guard(T("acct", 5))
+    assert adapter.gate.high_water("acct") is None
 
 
-def test_guard_inside_the_callers_atomic_block_commits_with_it(db: DjangoAdapter) -> None:
+def test_guard_inside_the_callers_atomic_block_commits_with_it(adapter: DjangoAdapter) -> None:
     """guard() first in the caller's atomic block: the mark and the data commit together, or neither."""
-    with transaction.atomic(using=db.alias):
-        db.gate.guard(T("acct", 5))
-        db.items.create(key="k", value=1)
-    assert (db.gate.high_water("acct"), db.read("k")) == (5, 1)
-    with pytest.raises(RuntimeError), transaction.atomic(using=db.alias):
-        db.gate.guard(T("acct", 9))
-        db.items.filter(key="k").update(value=2)
+    with transaction.atomic(using=adapter.alias):
+        adapter.gate.guard(T("acct", 5))
+        adapter.items.create(key="k", value=1)
+    assert (adapter.gate.high_water("acct"), adapter.read("k")) == (5, 1)
+    with pytest.raises(RuntimeError), transaction.atomic(using=adapter.alias):
+        adapter.gate.guard(T("acct", 9))
+        adapter.items.filter(key="k").update(value=2)
         raise RuntimeError("the task failed before COMMIT")
-    assert (db.gate.high_water("acct"), db.read("k")) == (5, 1)
+    assert (adapter.gate.high_water("acct"), adapter.read("k")) == (5, 1)
 
 
-def test_stale_guard_dooms_the_block_even_when_the_error_is_swallowed(db: DjangoAdapter) -> None:
+def test_stale_guard_dooms_the_block_even_when_the_error_is_swallowed(adapter: DjangoAdapter) -> None:
     """A caught StaleTokenError still rolls the block back and refuses further queries in it."""
-    db.gate.claim(T("acct", 10))
-    with transaction.atomic(using=db.alias):
+    adapter.gate.claim(T("acct", 10))
+    with transaction.atomic(using=adapter.alias):
         # The mistake this test is about: carrying on after a refusal.
         with contextlib.suppress(StaleTokenError):
-            db.gate.guard(T("acct", 7))
+            adapter.gate.guard(T("acct", 7))
         with pytest.raises(TransactionManagementError):
-            db.items.create(key="k", value=1)
-    assert db.read("k") is None
-    assert db.gate.high_water("acct") == 10
+            adapter.items.create(key="k", value=1)
+    assert adapter.read("k") is None
+    assert adapter.gate.high_water("acct") == 10
 
     # Negative control: the same swallowed refusal without the gate's rollback flag commits the write.
-    with transaction.atomic(using=db.alias):
+    with transaction.atomic(using=adapter.alias):
         with contextlib.suppress(StaleTokenError):
             raise StaleTokenError(resource="acct", token=7, high_water=10)
-        db.items.create(key="k", value=1)
-    assert db.read("k") == 1
+        adapter.items.create(key="k", value=1)
+    assert adapter.read("k") == 1
 
 
-def test_transaction_yields_the_connection_and_nests_as_a_savepoint(db: DjangoAdapter) -> None:
+def test_transaction_yields_the_connection_and_nests_as_a_savepoint(adapter: DjangoAdapter) -> None:
     """gate.transaction() gives the alias's connection; nested in the caller's block, it commits with it."""
-    with transaction.atomic(using=db.alias):
-        with db.gate.transaction(T("acct", 3)) as connection:
-            assert connection is connections[db.alias]
-            db.items.create(key="k", value=1)
-        db.items.create(key="k2", value=2)
-    assert (db.read("k"), db.read("k2"), db.gate.high_water("acct")) == (1, 2, 3)
+    with transaction.atomic(using=adapter.alias):
+        with adapter.gate.transaction(T("acct", 3)) as connection:
+            assert connection is connections[adapter.alias]
+            adapter.items.create(key="k", value=1)
+        adapter.items.create(key="k2", value=2)
+    assert (adapter.read("k"), adapter.read("k2"), adapter.gate.high_water("acct")) == (1, 2, 3)
 
 
 def test_row_lock_serialises_writers_of_one_resource(pg: DjangoAdapter) -> None:
@@ -170,58 +152,58 @@ def test_unknown_alias_is_refused(django_project: None) -> None:
 # Column mode ---------------------------------------------------------------------------
 
 
-def test_fenced_update_is_one_update_statement(db: DjangoAdapter) -> None:
+def test_fenced_update_is_one_update_statement(adapter: DjangoAdapter) -> None:
     """An accepted fenced_update with an F() expression issues exactly one UPDATE."""
-    db.items.create(key="acct", value=100, resource="acct")
-    with CaptureQueriesContext(connections[db.alias]) as queries:
-        count = fenced_update(db.items.filter(key="acct"), T("acct", 5), value=F("value") + 10)
+    adapter.items.create(key="acct", value=100, resource="acct")
+    with CaptureQueriesContext(connections[adapter.alias]) as queries:
+        count = fenced_update(adapter.items.filter(key="acct"), T("acct", 5), value=F("value") + 10)
     assert count == 1
     assert len(queries.captured_queries) == 1
     assert queries.captured_queries[0]["sql"].upper().startswith("UPDATE")
-    row = db.items.get(key="acct")
+    row = adapter.items.get(key="acct")
     assert (row.value, row.fence) == (110, 5)
 
 
-def test_fenced_update_paused_writer_race(db: DjangoAdapter) -> None:
+def test_fenced_update_paused_writer_race(adapter: DjangoAdapter) -> None:
     """A claims the row (no values) and reads; B claims and deposits; A's deposit is refused; plain updates lose B's."""
-    db.items.create(key="acct", value=100, resource="acct")
-    row = db.items.filter(key="acct")
+    adapter.items.create(key="acct", value=100, resource="acct")
+    row = adapter.items.filter(key="acct")
     a, b = T("acct", 33), T("acct", 34)
     fenced_update(row, a, resource_field="resource")  # A claims, reads 100, pauses
-    a_seen = db.read("acct")
+    a_seen = adapter.read("acct")
     fenced_update(row, b, resource_field="resource")
-    b_seen = db.read("acct")
+    b_seen = adapter.read("acct")
     assert a_seen == b_seen == 100
     fenced_update(row, b, resource_field="resource", value=b_seen + 10)
     with pytest.raises(StaleTokenError) as info:
         fenced_update(row, a, resource_field="resource", value=a_seen + 5)
     assert (info.value.token, info.value.high_water) == (33, 34)
-    assert db.read("acct") == 110
+    assert adapter.read("acct") == 110
 
     # Negative control: the same schedule through plain queryset updates destroys B's deposit.
-    db.items.create(key="plain", value=100)
-    plain = db.items.filter(key="plain")
-    a_seen = b_seen = db.read("plain")
+    adapter.items.create(key="plain", value=100)
+    plain = adapter.items.filter(key="plain")
+    a_seen = b_seen = adapter.read("plain")
     assert a_seen is not None and b_seen is not None
     plain.update(value=b_seen + 10)
     plain.update(value=a_seen + 5)
-    assert db.read("plain") == 105
+    assert adapter.read("plain") == 105
 
 
-def test_fenced_update_reports_mismatch_missing_row_and_bad_options(db: DjangoAdapter) -> None:
+def test_fenced_update_reports_mismatch_missing_row_and_bad_options(adapter: DjangoAdapter) -> None:
     """Another resource's row raises ResourceMismatchError; no row returns 0; bad fields are configuration errors."""
-    db.items.create(key="b-row", value=1, resource="b", fence=5)
+    adapter.items.create(key="b-row", value=1, resource="b", fence=5)
     with pytest.raises(ResourceMismatchError):
-        fenced_update(db.items.filter(key="b-row"), T("a", 1000), resource_field="resource", value=2)
-    assert db.items.get(key="b-row").value == 1
-    assert fenced_update(db.items.filter(key="none"), T("a", 1), value=2) == 0
+        fenced_update(adapter.items.filter(key="b-row"), T("a", 1000), resource_field="resource", value=2)
+    assert adapter.items.get(key="b-row").value == 1
+    assert fenced_update(adapter.items.filter(key="none"), T("a", 1), value=2) == 0
     with pytest.raises(FencingConfigurationError):
-        fenced_update(db.items.filter(key="b-row"), T("b", 6), fence=7)
+        fenced_update(adapter.items.filter(key="b-row"), T("b", 6), fence=7)
     with pytest.raises(FencingConfigurationError):
-        fenced_update(db.items.filter(key="b-row"), T("b", 6), fence_field="nope", value=2)
+        fenced_update(adapter.items.filter(key="b-row"), T("b", 6), fence_field="nope", value=2)
     with token_context(T("b", 6)):
-        assert fenced_update(db.items.filter(key="b-row"), None, resource_field="resource", value=3) == 1
-    assert db.items.get(key="b-row").fence == 6
+        assert fenced_update(adapter.items.filter(key="b-row"), None, resource_field="resource", value=3) == 1
+    assert adapter.items.get(key="b-row").fence == 6
 
 
 # Schema ------------------------------------------------------------------------------

@@ -5,14 +5,8 @@ without one, and migration 0002 run forward over a table made by 0001 alone."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from django.db import connections, transaction
@@ -28,9 +22,9 @@ from celery_fencing import (
 )
 from celery_fencing.gates.django import DjangoGate, fenced_update
 from celery_fencing.token import Mark
-from tests.gates.adapters import AdapterSpec
 
-from .adapters import ALIASES, DjangoAdapter, setup_django, sqlalchemy_engine
+from .adapters import DjangoAdapter, sqlalchemy_engine
+from .migration_runs import run_migration_scenario, sa_connect_args
 
 T = FencingToken
 OLD, NEW = "zk-0123456789abcdef0123456789abcdef", "zk-fedcba9876543210fedcba9876543210"
@@ -90,10 +84,8 @@ def test_grantor_is_checked_in_the_upsert_itself(adapter: DjangoAdapter) -> None
     assert adapter.gate.mark("acct") == Mark("acct", 6, OLD)
 
 
-def test_sqlgate_shares_the_grantor_column(django_project: None) -> None:
+def test_sqlgate_shares_the_grantor_column(pg: DjangoAdapter) -> None:
     """SQLGate on the same PostgreSQL schema sees the grantor DjangoGate stored, and refuses another grantor."""
-    pg = DjangoAdapter(AdapterSpec("django", "postgres"))
-    pg.clear()
     pg.gate.claim(T("acct", 40, OLD))
     engine = sqlalchemy_engine(pg.alias)
     try:
@@ -107,7 +99,6 @@ def test_sqlgate_shares_the_grantor_column(django_project: None) -> None:
             pg.gate.claim(T("acct", 41, OLD))
     finally:
         engine.dispose()
-        pg.close()
 
 
 def test_model_without_a_grantor_field_checks_values_only(
@@ -192,81 +183,33 @@ def _outcome(call: Any) -> str:
     return "accepted"
 
 
-def migration_child(scenario: str, alias: str, environ: dict[str, str], queue: Any) -> None:
-    """Child-process entry point: Django on a database of its own, then one migration scenario; report."""
-    os.environ.update(environ)
-    try:
-        setup_django()
-        from django.core.management import call_command
+def migration_scenario(scenario: str, alias: str, environ: dict[str, str]) -> dict[str, Any]:
+    """One migration scenario on a fresh database, in a child process (tests.django.migration_runs)."""
+    from django.core.management import call_command
 
-        seen: dict[str, Any] = {}
-        gate = DjangoGate(alias)
-        if scenario == "forward":
-            call_command("migrate", "celery_fencing", "0001", database=alias, verbosity=0)
-            seen["columns_at_0001"] = _columns(alias)
-            with connections[alias].cursor() as cursor:
-                cursor.execute("INSERT INTO fencing_high_water (resource, token) VALUES (%s, %s)", ["acct", 10])
-            seen["before_migrating"] = _outcome(lambda: gate.claim(T("acct", 11, OLD)))
-            call_command("migrate", "celery_fencing", database=alias, verbosity=0)
-        else:  # "fake-initial": SQLGate made the table (with grantor), Django adopts it
-            sql_gate = SQLGate(sa.create_engine(environ["SQLALCHEMY_URL"], connect_args=_sa_connect_args(environ)))
-            sql_gate.create_schema()
-            sql_gate.claim(T("acct", 10))
-            sql_gate.engine.dispose()
-            call_command("migrate", "celery_fencing", database=alias, fake_initial=True, verbosity=0)
-        seen["columns"] = _columns(alias)
-        seen["old_mark"] = gate.mark("acct")
-        seen["stale"] = _outcome(lambda: gate.claim(T("acct", 9, OLD)))
-        seen["adopt"] = _outcome(lambda: gate.claim(T("acct", 11, OLD)))
-        seen["adopted_mark"] = gate.mark("acct")
-        seen["other_grantor"] = _outcome(lambda: gate.claim(T("acct", 12, NEW)))
-        seen["final_mark"] = gate.mark("acct")
-        queue.put(seen)
-    except BaseException as exc:
-        queue.put(repr(exc))
-        raise
-    finally:
-        connections.close_all()
-
-
-def _sa_connect_args(environ: dict[str, str]) -> dict[str, Any]:
-    schema = environ.get("FENCING_DJANGO_SCHEMA_FOR_SA")
-    return {"options": f"-c search_path={schema}", "connect_timeout": 5} if schema else {}
-
-
-@pytest.fixture(params=sorted(ALIASES))
-def fresh_database(
-    request: pytest.FixtureRequest, django_project: None, postgres_url: str, tmp_path: Path
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """A database no migration has touched: an empty PostgreSQL schema or SQLite file, and its environment."""
-    alias = ALIASES[request.param]
-    schema = "djm_" + uuid.uuid4().hex[:12]
-    plain_url = postgres_url.replace("postgresql+psycopg://", "postgresql://")
-    sqlite_path = tmp_path / "fresh.db"
-    environ = {"FENCING_DJANGO_SCHEMA": schema, "FENCING_DJANGO_SQLITE": str(sqlite_path)}
-    if alias == "postgres":
-        environ["SQLALCHEMY_URL"] = postgres_url.replace("postgresql://", "postgresql+psycopg://", 1)
-        environ["FENCING_DJANGO_SCHEMA_FOR_SA"] = schema
-    else:
-        environ["SQLALCHEMY_URL"] = f"sqlite:///{sqlite_path}"
-    with psycopg.connect(plain_url, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield alias, environ
-    finally:
-        with psycopg.connect(plain_url, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-
-def _run_child(scenario: str, alias: str, environ: dict[str, str]) -> dict[str, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    queue: Any = ctx.Queue()
-    proc = ctx.Process(target=migration_child, args=(scenario, alias, environ, queue))
-    proc.start()
-    result = queue.get(timeout=120)
-    proc.join(timeout=30)
-    assert isinstance(result, dict), result
-    return result
+    seen: dict[str, Any] = {}
+    gate = DjangoGate(alias)
+    if scenario == "forward":
+        call_command("migrate", "celery_fencing", "0001", database=alias, verbosity=0)
+        seen["columns_at_0001"] = _columns(alias)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("INSERT INTO fencing_high_water (resource, token) VALUES (%s, %s)", ["acct", 10])
+        seen["before_migrating"] = _outcome(lambda: gate.claim(T("acct", 11, OLD)))
+        call_command("migrate", "celery_fencing", database=alias, verbosity=0)
+    else:  # "fake-initial": SQLGate made the table (with grantor), Django adopts it
+        sql_gate = SQLGate(sa.create_engine(environ["SQLALCHEMY_URL"], connect_args=sa_connect_args(environ)))
+        sql_gate.create_schema()
+        sql_gate.claim(T("acct", 10))
+        sql_gate.engine.dispose()
+        call_command("migrate", "celery_fencing", database=alias, fake_initial=True, verbosity=0)
+    seen["columns"] = _columns(alias)
+    seen["old_mark"] = gate.mark("acct")
+    seen["stale"] = _outcome(lambda: gate.claim(T("acct", 9, OLD)))
+    seen["adopt"] = _outcome(lambda: gate.claim(T("acct", 11, OLD)))
+    seen["adopted_mark"] = gate.mark("acct")
+    seen["other_grantor"] = _outcome(lambda: gate.claim(T("acct", 12, NEW)))
+    seen["final_mark"] = gate.mark("acct")
+    return seen
 
 
 def _check_migrated(seen: dict[str, Any]) -> None:
@@ -287,7 +230,7 @@ def test_migration_adds_the_grantor_column_to_a_table_of_0001(fresh_database: tu
     Before migrating, the gate refuses to run without its grantor column (it fails closed).
     """
     alias, environ = fresh_database
-    seen = _run_child("forward", alias, environ)
+    seen = run_migration_scenario(migration_scenario, "forward", alias, environ)
     assert seen["columns_at_0001"] == ["resource", "token"]
     assert seen["before_migrating"] == "GateUnavailableError"
     _check_migrated(seen)
@@ -296,5 +239,5 @@ def test_migration_adds_the_grantor_column_to_a_table_of_0001(fresh_database: tu
 def test_fake_initial_adopts_a_table_made_by_sqlgate(fresh_database: tuple[str, dict[str, str]]) -> None:
     """``migrate --fake-initial`` adopts SQLGate's table, grantor column included, and the gate checks grantors."""
     alias, environ = fresh_database
-    seen = _run_child("fake-initial", alias, environ)
+    seen = run_migration_scenario(migration_scenario, "fake-initial", alias, environ)
     _check_migrated(seen)
