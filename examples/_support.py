@@ -1,19 +1,22 @@
 """What every example's ``__main__`` needs: real ``celery worker`` processes, polling with a deadline, cleanup.
 
-Not part of the library: a few lines each example would otherwise repeat.
+Not part of the library: a few lines each example would otherwise repeat. The worker processes are the
+library's testing kit's (:class:`celery_fencing.testing.workers.WorkerProcess`): their own process group,
+killed with the run if it dies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from celery_fencing.testing.workers import WorkerProcess, worker_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,68 +35,50 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 60.0
         time.sleep(0.05)
 
 
-class Worker:
-    """One ``celery -A <app> worker`` process, logging to a file."""
-
-    def __init__(self, app: str, name: str, queue: str, log_dir: Path, pool: str, concurrency: int) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self.args = [
-            sys.executable, "-m", "celery", "-A", app, "worker", "-n", f"{name}@%h", "-Q", queue,
-            "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
-        return " ready." in self.log()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGCONT)  # a paused worker cannot act on SIGTERM
-            os.kill(self.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            self.proc.wait(10)
+def worker(app: str, name: str, queue: str, log_dir: Path, pool: str, concurrency: int) -> WorkerProcess:
+    """One ``celery -A <app> worker`` process, logging to ``<log_dir>/<name>.log`` (not started yet)."""
+    args = [sys.executable, "-m", "celery", "-A", app, "worker", "-n", f"{name}@%h", "-Q", queue]
+    args += worker_options(pool, concurrency)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return WorkerProcess(args, name=name, log_path=log_dir / f"{name}.log", env=env, cwd=ROOT)
 
 
 @contextlib.contextmanager
 def workers(
     app: str, names: Sequence[str], *, queue: str, log_dir: Path, pool: str = "solo", concurrency: int = 1
-) -> Iterator[list[Worker]]:
+) -> Iterator[list[WorkerProcess]]:
     """Start one worker per name, wait until all are ready, and stop them all on the way out."""
-    started = [Worker(app, name, queue, log_dir, pool, concurrency) for name in names]
+    started = [worker(app, name, queue, log_dir, pool, concurrency) for name in names]
     try:
-        for worker in started:
-            worker.start()
-        wait_until(lambda: all(w.ready() for w in started), "the workers to start", timeout=90)
+        for each in started:
+            each.launch()
+        for each in started:
+            each.wait_ready(timeout=90)
         yield started
     finally:
-        for worker in started:
-            worker.stop()
+        for each in started:
+            each.stop(timeout=5)
+
+
+@contextlib.contextmanager
+def example_run(name: str) -> Iterator[tuple[str, Path]]:
+    """One run of an example: a namespace no other run uses and a temporary directory, yielded as a pair.
+
+    The namespace goes to ``EXAMPLE_NAMESPACE``, which the example's ``tasks.py`` reads when it is imported
+    (after this, here and in the workers); the directory holds the worker logs and, unless
+    ``FENCING_SOURCE`` is set, the SQLite token file.
+    """
+    namespace = unique(name)
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        os.environ.setdefault("FENCING_SOURCE", f"sqlite:///{Path(tmp) / 'tokens.db'}")
+        os.environ["EXAMPLE_NAMESPACE"] = namespace
+        yield namespace, Path(tmp)
+
+
+def delete_queues(broker_url: str, namespace: str) -> None:
+    """Remove the run's queues and kombu bindings from a Redis broker (with another broker, leave them)."""
+    if broker_url.startswith("redis"):
+        delete_redis_keys(broker_url, f"*{namespace}*")
 
 
 def delete_redis_keys(url: str, pattern: str) -> None:

@@ -9,22 +9,16 @@ Redis by default). Exits 0 when the books balance.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 
-from examples._support import delete_redis_keys, unique, wait_until, workers
+from examples._support import delete_queues, example_run, wait_until, workers
 
 DEPOSITS = list(range(1, 31))
 
 
 def main() -> int:
-    namespace = unique("bank")
-    with tempfile.TemporaryDirectory(prefix="bank-ledger-") as tmp:
-        os.environ.setdefault("FENCING_SOURCE", f"sqlite:///{Path(tmp) / 'tokens.db'}")
-        os.environ["EXAMPLE_NAMESPACE"] = namespace  # read by tasks.py, here and in the workers
+    with example_run("bank") as (namespace, tmp):
         from sqlalchemy import func, select
 
         from examples.bank_ledger import tasks
@@ -33,7 +27,7 @@ def main() -> int:
         try:
             with tasks.engine().begin() as conn:
                 conn.execute(tasks.accounts.insert().values(id=1, balance=0))
-            with workers("examples.bank_ledger.tasks", ["w1", "w2"], queue=namespace, log_dir=Path(tmp)) as running:
+            with workers("examples.bank_ledger.tasks", ["w1", "w2"], queue=namespace, log_dir=tmp) as running:
                 for amount in DEPOSITS:
                     tasks.deposit.delay(1, amount)
 
@@ -49,9 +43,7 @@ def main() -> int:
         finally:
             tasks.metadata.drop_all(tasks.engine())
             tasks.engine().dispose()
-            broker = tasks.app.conf.broker_url
-            if broker.startswith("redis"):
-                delete_redis_keys(broker, f"*{namespace}*")
+            delete_queues(tasks.app.conf.broker_url, namespace)
     fenced_out = re.findall(r"fenced out at (\w+) on 'account:1'", logs)
     expected = sum(DEPOSITS)
     print(f"bank ledger: deposits of 1, 2, ... {DEPOSITS[-1]} to account 1, sent at once to 2 workers")

@@ -8,29 +8,23 @@ default broker). Exits 0 when the stock adds up.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 
-from examples._support import delete_redis_keys, unique, wait_until, workers
+from examples._support import delete_queues, delete_redis_keys, example_run, wait_until, workers
 
 STOCK = 50
 ORDERS = [(f"order-{n:02d}", 1 + n % 3) for n in range(40)]  # 79 widgets wanted, 50 in stock
 
 
 def main() -> int:
-    namespace = unique("inventory")
-    with tempfile.TemporaryDirectory(prefix="inventory-") as tmp:
-        os.environ.setdefault("FENCING_SOURCE", f"sqlite:///{Path(tmp) / 'tokens.db'}")
-        os.environ["EXAMPLE_NAMESPACE"] = namespace
+    with example_run("inventory") as (namespace, tmp):
         from examples.inventory import tasks
 
         data = tasks.client()
         try:
             data.set(tasks.stock_key("widget"), STOCK)
-            with workers("examples.inventory.tasks", ["w1", "w2"], queue=namespace, log_dir=Path(tmp)) as running:
+            with workers("examples.inventory.tasks", ["w1", "w2"], queue=namespace, log_dir=tmp) as running:
                 for order_id, quantity in ORDERS:
                     tasks.reserve.delay("widget", order_id, quantity)
                 wait_until(
@@ -43,9 +37,7 @@ def main() -> int:
             outcomes = data.hgetall(tasks.reservations_key("widget"))
         finally:
             delete_redis_keys(tasks.REDIS_URL, f"{namespace}:*")
-            broker = tasks.app.conf.broker_url
-            if broker.startswith("redis"):
-                delete_redis_keys(broker, f"*{namespace}*")
+            delete_queues(tasks.app.conf.broker_url, namespace)
     reserved = sum(int(v) for v in outcomes.values() if v.isdigit())
     served = sum(1 for v in outcomes.values() if v.isdigit())
     fenced_out = len(re.findall(r"fenced out at \w+ on 'sku:widget'", logs))

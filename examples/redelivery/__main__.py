@@ -11,33 +11,27 @@ a duplicate execution was fenced out.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 
-from examples._support import delete_redis_keys, unique, wait_until, workers
+from examples._support import delete_queues, delete_redis_keys, example_run, wait_until, workers
 
 CHUNKS = 10
 
 
 def main() -> int:
-    namespace = unique("redelivery")
-    with tempfile.TemporaryDirectory(prefix="redelivery-") as tmp:
-        os.environ.setdefault("FENCING_SOURCE", f"sqlite:///{Path(tmp) / 'tokens.db'}")
-        os.environ["EXAMPLE_NAMESPACE"] = namespace
+    with example_run("redelivery") as (namespace, tmp):
         from examples.redelivery import tasks
 
         data = tasks.client()
         try:
-            with workers("examples.redelivery.tasks", ["w1", "w2"], queue=namespace, log_dir=Path(tmp)):
+            with workers("examples.redelivery.tasks", ["w1", "w2"], queue=namespace, log_dir=tmp):
                 tasks.export.delay("report-1", CHUNKS)
                 wait_until(lambda: data.exists(tasks.done_key("report-1")), "the export to finish", timeout=120)
             story = [json.loads(line) for line in data.lrange(f"{namespace}:story", 0, -1)]
             chunks = data.hgetall(tasks.chunks_key("report-1"))
         finally:
             delete_redis_keys(tasks.REDIS_URL, f"{namespace}:*")
-            delete_redis_keys(tasks.app.conf.broker_url, f"*{namespace}*")
+            delete_queues(tasks.app.conf.broker_url, namespace)
     start = story[0]["t"] if story else 0.0
     print(f"export of {CHUNKS} chunks (~{CHUNKS * tasks.CHUNK_SECONDS:g}s of work), acks_late, "
           f"visibility_timeout={tasks.VISIBILITY_TIMEOUT:g}s, 2 workers\n")  # fmt: skip
