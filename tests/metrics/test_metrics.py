@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from celery_fencing import FencingToken, MemoryGate, MemoryTokenSource, StaleTokenError
+from celery_fencing import FencingToken, MemoryGate, StaleTokenError
 from celery_fencing.celery import FencedTask, signals
 from celery_fencing.metrics import (
     MeteredGate,
@@ -21,22 +21,15 @@ from celery_fencing.metrics import (
     enable_opentelemetry,
     enable_prometheus,
 )
+from tests.eager_app import eager_app
 
 
 @pytest.fixture
 def app() -> Iterator[Celery]:
-    app = Celery("metrics-unit", set_as_current=False)
-    app.conf.update(
-        task_always_eager=True,
-        task_eager_propagates=True,
-        fencing_source=MemoryTokenSource(),
-        fencing_allow_volatile_source=True,
-        fencing_on_stale="raise",
-    )
-    yield app
-    disable_prometheus()
-    disable_opentelemetry()
-    app.close()
+    with eager_app("metrics-unit", task_eager_propagates=True, fencing_on_stale="raise") as app:
+        yield app
+        disable_prometheus()
+        disable_opentelemetry()
 
 
 def _ours(signal: Any) -> int:

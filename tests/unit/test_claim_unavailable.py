@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fencing import GateUnavailableError, MemoryGate, MemoryTokenSource
+from celery_fencing import GateUnavailableError, MemoryGate
 from celery_fencing.celery import FencedTask, signals
 from celery_fencing.token import FencingToken
+from tests.eager_app import eager_app
 
 
 class FlakyGate(MemoryGate):
@@ -35,15 +36,8 @@ class FlakyGate(MemoryGate):
 
 @pytest.fixture
 def app() -> Iterator[Celery]:
-    app = Celery("unit", set_as_current=False)
-    app.conf.update(
-        task_always_eager=True,
-        fencing_source=MemoryTokenSource(),
-        fencing_allow_volatile_source=True,
-        fencing_retry_countdown=0,
-    )
-    yield app
-    app.close()
+    with eager_app("unit", fencing_retry_countdown=0) as app:
+        yield app
 
 
 def test_unavailable_gate_at_claim_is_retried(app: Celery) -> None:

@@ -15,20 +15,13 @@ from celery import Celery
 from celery_fencing import FencingConfigurationError, MemoryGate, MemoryTokenSource, StaleTokenError, current_token
 from celery_fencing.celery import FencedTask, fenced_task, signals
 from celery_fencing.policies import Decision, StaleState
+from tests.eager_app import eager_app
 
 
 @pytest.fixture
 def app() -> Iterator[Celery]:
-    app = Celery("unit", set_as_current=False)
-    app.conf.update(
-        task_always_eager=True,
-        task_eager_propagates=True,
-        fencing_source=MemoryTokenSource(),
-        fencing_allow_volatile_source=True,
-        fencing_retry_countdown=0,
-    )
-    yield app
-    app.close()
+    with eager_app("unit", task_eager_propagates=True, fencing_retry_countdown=0) as app:
+        yield app
 
 
 def test_unknown_fencing_option_is_refused(app: Celery) -> None:
