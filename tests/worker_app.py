@@ -1,20 +1,29 @@
-"""What the suite's worker apps share (tests/celery and tests/sinks): a Celery app configured from ``FT_*``.
+"""What the suite's worker apps share (tests/celery and tests/sinks): a Celery app configured from ``FT_*``,
+and the test's own keys on Redis.
 
 FT_BROKER, FT_BACKEND, FT_QUEUE and FT_SOURCE name the broker, the result
 backend, the test's queue and the token source; FT_VISIBILITY_TIMEOUT makes
 the Redis broker re-deliver a running ``acks_late`` task after that many
 seconds (:func:`redelivery_from_env`, applied last, over what the app set).
+FT_REDIS and FT_PREFIX name the Redis and the key prefix of the test's data,
+its event log (:func:`event`) and its release keys (:func:`wait_released`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
+import redis
 from celery import Celery
 
 from celery_fencing.celery import install
 from celery_fencing.testing.redelivery import redis_redelivery_settings
+
+PREFIX = os.environ.get("FT_PREFIX", "ft")
+
+_client: redis.Redis | None = None
 
 
 def app_from_env(name: str, **conf: Any) -> Celery:
@@ -45,3 +54,27 @@ def redelivery_from_env(app: Celery) -> None:
             **(app.conf.broker_transport_options or {}),  # e.g. a test's own unacked keys
             **settings["broker_transport_options"],
         }
+
+
+def data() -> redis.Redis:
+    """This process's Redis client for the test's data (redis-py rebuilds its pool after fork)."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["FT_REDIS"])
+    return _client
+
+
+def key(*parts: object) -> str:
+    return ":".join([PREFIX, *map(str, parts)])
+
+
+def event(*fields: object) -> None:
+    """Append one line to the test's event log (plain write: what happened, in order)."""
+    data().rpush(key("events"), " ".join(map(str, fields)))
+
+
+def wait_released(task_id: str, token: int, limit: float = 120) -> None:
+    # The test decides when this execution (task id + token) may go on: it sets the release key.
+    deadline = time.monotonic() + limit
+    while not data().exists(key("release", task_id, token)) and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -18,16 +18,13 @@ import os
 import time
 from typing import Any
 
-import redis
 from celery import Task
 
 from celery_fencing import FencingToken, current_token
 from celery_fencing.celery import FencedTask
 from celery_fencing.celery.runtime import runtime_for
 from celery_fencing.testing.pause import pause_point
-from tests.worker_app import app_from_env, redelivery_from_env
-
-PREFIX = os.environ.get("FT_PREFIX", "ft")
+from tests.worker_app import PREFIX, app_from_env, data, event, key, redelivery_from_env, wait_released
 
 app = app_from_env("app_under_test", fencing_max_retries=int(os.environ.get("FT_MAX_RETRIES", "60")))
 
@@ -66,38 +63,11 @@ if os.environ.get("FT_CONF"):
 redelivery_from_env(app)  # over FT_CONF's transport options (a test's own unacked keys)
 
 
-def data() -> redis.Redis:
-    """This process's Redis client for task data (redis-py rebuilds its pool after fork)."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["FT_REDIS"])
-    return _client
-
-
-_client: redis.Redis | None = None
-
-
 def gates() -> list[Any]:
     """The gates of this process (built per process: the Redis client must not cross fork)."""
     from celery_fencing.gates.redis import RedisGate
 
     return [RedisGate(data(), prefix=f"{PREFIX}:fence")]
-
-
-def key(*parts: object) -> str:
-    return ":".join([PREFIX, *map(str, parts)])
-
-
-def event(*fields: object) -> None:
-    """Append one line to the test's event log (plain write: what happened, in order)."""
-    data().rpush(key("events"), " ".join(map(str, fields)))
-
-
-def wait_released(task_id: str, token: int, limit: float = 120) -> None:
-    # The test decides when this execution (task id + token) may go on: it sets the release key.
-    deadline = time.monotonic() + limit
-    while not data().exists(key("release", task_id, token)) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 # Re-delivery ---------------------------------------------------------------------------

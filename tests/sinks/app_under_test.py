@@ -17,48 +17,19 @@ import time
 import urllib.request
 from typing import Any
 
-import redis
 from celery import Task
 
 from celery_fencing.celery import FencedTask
 from celery_fencing.gates.http import ConditionalHTTPClient
 from celery_fencing.idempotency import idempotent
 from celery_fencing.idempotency.redis import RedisIdempotencyStore
-from tests.worker_app import app_from_env, redelivery_from_env
+from tests.worker_app import app_from_env, data, event, key, redelivery_from_env, wait_released
 
-PREFIX = os.environ.get("FT_PREFIX", "ft")
 SERVICE = os.environ.get("FT_SERVICE", "http://127.0.0.1:9")
 
 # fencing_timeout: generous, as a lease waits for a dead holder's session to expire on a loaded machine.
 app = app_from_env("sinks_under_test", fencing_timeout=30, fencing_max_retries=60)
 redelivery_from_env(app)
-
-_client: redis.Redis | None = None
-
-
-def data() -> redis.Redis:
-    """This process's Redis client (redis-py rebuilds its pool after fork)."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["FT_REDIS"])
-    return _client
-
-
-def key(*parts: object) -> str:
-    return ":".join([PREFIX, *map(str, parts)])
-
-
-def event(*fields: object) -> None:
-    """Append one line to the test's event log."""
-    data().rpush(key("events"), " ".join(map(str, fields)))
-
-
-def wait_released(task_id: str, token: int, limit: float = 120) -> None:
-    # The test decides when this execution (task id + token) may go on: it sets the release key.
-    deadline = time.monotonic() + limit
-    while not data().exists(key("release", task_id, token)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
 
 # Lock-delay ----------------------------------------------------------------------------------
 
