@@ -23,6 +23,9 @@ APP_MODULE = "tests.celery.app_under_test"
 class Scenario:
     """One test's world: a queue, a key prefix, a token source, workers, and a client app."""
 
+    #: What :meth:`add_worker` builds.
+    worker_class: type[WorkerProcess] = WorkerProcess
+
     def __init__(self, name: str, redis_url: str, tmp_path: Path, broker: str | None = None) -> None:
         self.name = name
         self.tmp_path = tmp_path
@@ -61,10 +64,12 @@ class Scenario:
         name = f"{self.task_module}.{task}"
         return self.client.send_task(name, args=args, kwargs=kwargs, queue=self.name, task_id=task_id)
 
-    def worker(
+    def add_worker(
         self, name: str, *, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
     ) -> WorkerProcess:
-        process = WorkerProcess(
+        """A worker (a :attr:`worker_class`) of :attr:`app_module` on this scenario's queue and environment,
+        not started yet; :meth:`close` stops it."""
+        process = self.worker_class(
             self.app_module,
             name=f"{self.name}-{name}",
             queue=self.name,
@@ -75,7 +80,13 @@ class Scenario:
             extra_args=extra_args,
         )
         self.workers.append(process)
-        return process.start()
+        return process
+
+    def worker(
+        self, name: str, *, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
+    ) -> WorkerProcess:
+        """:meth:`add_worker`, started (ready when this returns)."""
+        return self.add_worker(name, pool=pool, concurrency=concurrency, extra_args=extra_args).start()
 
     def key(self, *parts: object) -> str:
         return ":".join([self.name, *map(str, parts)])

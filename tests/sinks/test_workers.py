@@ -51,20 +51,7 @@ class World(Scenario):
         self, *names: str, pool: str = "solo", concurrency: int = 1, extra_args: tuple[str, ...] = ()
     ) -> list[WorkerProcess]:
         """Start workers side by side (a worker takes seconds to boot) and wait until all are ready."""
-        started = [
-            WorkerProcess(
-                APP_MODULE,
-                name=f"{self.name}-{name}",
-                queue=self.name,
-                env=self.env,
-                log_dir=self.tmp_path,
-                pool=pool,
-                concurrency=concurrency,
-                extra_args=extra_args,
-            )
-            for name in names
-        ]
-        self.workers.extend(started)
+        started = [self.add_worker(name, pool=pool, concurrency=concurrency, extra_args=extra_args) for name in names]
         errors: list[BaseException] = []
 
         def boot(worker: WorkerProcess) -> None:

@@ -101,6 +101,8 @@ class PoolScenario(Scenario):
     of their own, and the test process sweeps them (see :data:`GREEN_POOLS`).
     """
 
+    worker_class = PoolWorker
+
     def __init__(self, *args: Any, pool: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pool = pool
@@ -112,18 +114,8 @@ class PoolScenario(Scenario):
         pool = pool or self.pool
         if pool in GREEN_POOLS and self.sweeper is None:
             self.sweeper = self._sweep()
-        process = PoolWorker(
-            self.app_module,
-            name=f"{self.name}-{name}",
-            queue=self.name,
-            env=self.env,
-            log_dir=self.tmp_path,
-            pool=pool,
-            concurrency=concurrency or (2 if pool in IN_PROCESS_POOLS else 1),
-            extra_args=extra_args,
-        )
-        self.workers.append(process)
-        return process.start()
+        concurrency = concurrency or (2 if pool in IN_PROCESS_POOLS else 1)
+        return super().worker(name, pool=pool, concurrency=concurrency, extra_args=extra_args)
 
     def _sweep(self) -> UnackedSweeper:
         own = {f"unacked{part}_key": self.key(f"unacked{part}") for part in ("", "_index", "_mutex")}
