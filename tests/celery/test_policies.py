@@ -23,16 +23,22 @@ def _attempts(world: Scenario, task_id: str) -> list[list[str]]:
     return [e for e in world.events() if e[0] == "attempt" and e[1] == task_id]
 
 
-def test_retry_redoes_the_work_with_a_newer_token(pooled_worker: Scenario) -> None:
-    """'retry': the fenced-out attempt is retried; the retry's larger token lands the write."""
+def check_the_retry_lands_with_a_newer_token(world: Scenario) -> None:
+    """Run ``policy_retry`` on the world's worker: its fenced-out attempt is retried once, and the retry's larger
+    token lands the write."""
     name = _name()
-    result = pooled_worker.send("policy_retry", name)
+    result = world.send("policy_retry", name)
     outcome = result.get(timeout=60)
-    attempts = _attempts(pooled_worker, result.id)
+    attempts = _attempts(world, result.id)
     assert [a[2] for a in attempts] == ["0", "1"]
     assert int(attempts[1][3]) > int(attempts[0][3])
     assert outcome == {"retries": 1, "token": int(attempts[1][3])}
-    assert pooled_worker.redis.get(pooled_worker.key("policy", name)) == attempts[1][3]
+    assert world.redis.get(world.key("policy", name)) == attempts[1][3]
+
+
+def test_retry_redoes_the_work_with_a_newer_token(pooled_worker: Scenario) -> None:
+    """'retry': the fenced-out attempt is retried; the retry's larger token lands the write."""
+    check_the_retry_lands_with_a_newer_token(pooled_worker)
 
 
 def test_retry_gives_up_after_max_retries(pooled_worker: Scenario) -> None:

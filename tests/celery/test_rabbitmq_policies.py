@@ -9,6 +9,7 @@ import pytest
 from kombu import Connection
 
 from .conftest import Scenario
+from .test_policies import _attempts, check_the_retry_lands_with_a_newer_token
 from .workers import wait_for
 
 
@@ -27,21 +28,10 @@ def rabbit_worker(
             broker.default_channel.queue_delete(world.name)
 
 
-def _attempts(world: Scenario, task_id: str) -> list[list[str]]:
-    return [e for e in world.events() if e[0] == "attempt" and e[1] == task_id]
-
-
 def test_retry_is_republished_through_rabbitmq(rabbit_worker: tuple[Scenario, str]) -> None:
     """'retry': the fenced-out attempt goes back through RabbitMQ; the retry's larger token lands the write."""
     world, _ = rabbit_worker
-    name = uuid.uuid4().hex[:8]
-    result = world.send("policy_retry", name)
-    outcome = result.get(timeout=60)
-    attempts = _attempts(world, result.id)
-    assert [a[2] for a in attempts] == ["0", "1"]
-    assert int(attempts[1][3]) > int(attempts[0][3])
-    assert outcome == {"retries": 1, "token": int(attempts[1][3])}
-    assert world.redis.get(world.key("policy", name)) == attempts[1][3]
+    check_the_retry_lands_with_a_newer_token(world)
 
 
 def test_reject_leaves_nothing_in_the_rabbitmq_queue(rabbit_worker: tuple[Scenario, str]) -> None:

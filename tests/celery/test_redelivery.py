@@ -56,9 +56,9 @@ def redeliver_while_paused(scenario: Scenario, task: str, *args: object, stale_f
     return run
 
 
-def test_stale_gated_write_is_rejected(scenario: Scenario) -> None:
-    """After SIGCONT, the paused execution's gated write is rejected and it is dropped (ignore policy)."""
-    run = redeliver_while_paused(scenario, "gated_job", "j", "v", stale_finishes_first=False)
+def check_the_stale_gated_write_was_refused(scenario: Scenario, run: Run) -> None:
+    """After a ``gated_job("j", "v")`` re-delivered while w1 was paused: the newer execution's write stands, and
+    the paused one, resumed, was refused and ended as done."""
     assert int(run.newer_token) > int(run.stale_token)
     assert run.stale_pid != run.newer_pid
     assert scenario.redis.get(scenario.key("job", "j")) == f"v@{run.newer_token}"
@@ -66,6 +66,12 @@ def test_stale_gated_write_is_rejected(scenario: Scenario) -> None:
     assert f"[{run.task_id}] already applied on '{run.task_id}' by another execution (at body)" in run.w1.log()
     assert f"[{run.task_id}] ignored" in run.w1.log()
     assert scenario.client.AsyncResult(run.task_id).get(timeout=10) == f"v@{run.newer_token}"
+
+
+def test_stale_gated_write_is_rejected(scenario: Scenario) -> None:
+    """After SIGCONT, the paused execution's gated write is rejected and it is dropped (ignore policy)."""
+    run = redeliver_while_paused(scenario, "gated_job", "j", "v", stale_finishes_first=False)
+    check_the_stale_gated_write_was_refused(scenario, run)
 
 
 def test_without_fencing_the_stale_write_overwrites(scenario: Scenario) -> None:
