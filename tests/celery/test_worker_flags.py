@@ -12,23 +12,15 @@ import pytest
 
 from celery_fencing import SQLiteTokenSource
 from celery_fencing.celery.settings import SETTINGS
+from tests.run_module import run_module
 
 from .conftest import APP_MODULE, Scenario
-from .workers import ROOT, WorkerProcess
+from .workers import ROOT
 
 
 def _worker_help(scenario: Scenario) -> str:
     env = {**scenario.env, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", "--help"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout
+    return run_module("celery", "-A", APP_MODULE, "worker", "--help", env=env, timeout=60, check=True).stdout
 
 
 def test_help_lists_every_fencing_flag(scenario: Scenario) -> None:
@@ -69,14 +61,17 @@ def test_source_flag_overrides_the_setting(scenario: Scenario) -> None:
 def test_bad_flag_stops_the_worker_naming_it(scenario: Scenario, extra_args: tuple[str, ...], named: str) -> None:
     """A bad flag value, or one the configured source (SQLite here) cannot honour, makes the worker
     refuse to start, with an error naming the setting."""
-    worker = WorkerProcess(
-        APP_MODULE, name="bad", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path, extra_args=extra_args
-    )
-    scenario.workers.append(worker)
+    log = _log_of_a_refused_start(scenario, "bad", extra_args)
+    assert named in log
+    _assert_one_line_error(log)
+
+
+def _log_of_a_refused_start(scenario: Scenario, name: str, extra_args: tuple[str, ...] = ()) -> str:
+    """Start a worker of the scenario that must exit instead of becoming ready; return its log."""
+    worker = scenario.add_worker(name, extra_args=extra_args)
     with pytest.raises(AssertionError, match="exited with"):
         worker.start(timeout=60)
-    assert named in worker.log()
-    _assert_one_line_error(worker.log())
+    return worker.log()
 
 
 def _assert_one_line_error(log: str) -> None:
@@ -100,25 +95,17 @@ def test_misspelt_setting_stops_the_worker_with_a_hint(
 ) -> None:
     """A fencing_* setting that does not exist is refused at start, with the closest name, in one line."""
     scenario.env["FT_CONF"] = json.dumps(settings)
-    worker = WorkerProcess(APP_MODULE, name="typo", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path)
-    scenario.workers.append(worker)
-    with pytest.raises(AssertionError, match="exited with"):
-        worker.start(timeout=60)
-    assert message in worker.log()
-    _assert_one_line_error(worker.log())
+    log = _log_of_a_refused_start(scenario, "typo")
+    assert message in log
+    _assert_one_line_error(log)
 
 
 def test_worker_without_source_refuses_to_start(scenario: Scenario) -> None:
     """With celery-fencing installed and no source configured, the worker does not start."""
     del scenario.env["FT_SOURCE"]
-    worker = WorkerProcess(
-        APP_MODULE, name="nosource", queue=scenario.name, env=scenario.env, log_dir=scenario.tmp_path
-    )
-    scenario.workers.append(worker)
-    with pytest.raises(AssertionError, match="exited with"):
-        worker.start(timeout=60)
-    assert "no token source is configured" in worker.log()
-    _assert_one_line_error(worker.log())
+    log = _log_of_a_refused_start(scenario, "nosource")
+    assert "no token source is configured" in log
+    _assert_one_line_error(log)
 
 
 def test_volatile_source_on_prefork_is_warned_about(scenario: Scenario) -> None:

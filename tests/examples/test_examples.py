@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.run_module import run_module
 
 
 def run_example(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``python -m examples.<name>`` from the repository root, as examples/README.md documents it."""
-    return subprocess.run(
-        [sys.executable, "-m", f"examples.{name}"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_module(f"examples.{name}", env=env, timeout=240)
 
 
 @pytest.mark.slow
