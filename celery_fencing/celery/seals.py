@@ -67,8 +67,8 @@ def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: 
     one never will, and this execution finishes the task instead. Each poll
     re-claims the result with this execution's own token, which changes
     nothing (the mark already holds it, or a newer one) and is refused as
-    ``applied`` once another execution has sealed. ``False`` when the store
-    cannot be asked. *backend* is a :class:`FencedResultStore`.
+    ``applied`` once another execution has sealed, also when the token is
+    below the store's floor. ``False`` when the store cannot be asked. *backend* is a :class:`FencedResultStore`.
     """
     deadline = time.monotonic() + timeout
     while True:

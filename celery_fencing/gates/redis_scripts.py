@@ -392,11 +392,20 @@ return 1
 )
 
 # The start of the claim and seal scripts (KEYS[1] fence hash, KEYS[2] floor key; ARGV[1] token,
-# ARGV[2] resource, ARGV[4] grantor id): the floor first, then the fence hash's state, owned by
-# the token's resource or by none.
+# ARGV[2] resource, ARGV[4] grantor id, ARGV[5] the sealing execution's id, nil for a claim): the
+# floor first, then the fence hash's state, owned by the token's resource or by none. A token
+# below the floor on a task another execution sealed is told the task is done ("applied"): the
+# seal outlived the floor it passed, and whoever seals first wins whatever the tokens. A copy
+# that polls for that seal with its old token sees it at once, instead of never.
 _RESULT_STATE = """\
 local below = floored(redis.call('GET', KEYS[2]), ARGV[1], ARGV[4])
-if below then return redis.error_reply(below) end
+if below then
+  if string.sub(below, 1, 13) == 'FENCED floor ' then
+    local sealer = redis.call('HGET', KEYS[1], 'done')
+    if sealer and sealer ~= ARGV[5] then return redis.error_reply('FENCED applied -') end
+  end
+  return redis.error_reply(below)
+end
 local f = redis.call('HMGET', KEYS[1], 'mark', 'resource', 'grantor', 'done')
 local mark, owner, grantor, done = f[1], f[2], f[3], f[4]
 if owner and owner ~= ARGV[2] then return redis.error_reply('FENCED owner ' .. owner) end

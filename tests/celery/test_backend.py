@@ -13,9 +13,11 @@ import pytest
 from celery import Celery, states
 from celery.app.task import Context
 
-from celery_fencing import FencingToken, GateUnavailableError, MemoryTokenSource
+from celery_fencing import AlreadyAppliedError, BelowFloorError, FencingToken, GateUnavailableError, MemoryTokenSource
 from celery_fencing.celery import signals
 from celery_fencing.celery.backend import FencedRedisBackend
+from celery_fencing.celery.seals import sealed_by_another
+from celery_fencing.context import Execution
 from tests.fixtures.services import armed
 
 
@@ -106,3 +108,29 @@ def test_a_floor_key_holding_no_floor_drops_every_fenced_write_and_never_raises(
     assert backend.get_task_meta("t")["status"] == states.PENDING
     assert [d["reason"] for d in dropped] == ["the store's floor key holds no valid floor"] * 2
     assert backend.client.get(backend.floor_key) == junk.encode()
+
+
+def test_a_token_below_the_floor_sees_another_executions_seal(app: Celery) -> None:
+    """Below the result store's floor, a claim on a task another execution sealed is refused as done, not as below.
+
+    A copy that met an older execution's applied record waits for that one's
+    seal by claiming with its own token (sealed_by_another); a token of a
+    block reserved before the floor was refused at the floor, before the seal
+    could be seen, and the copy waited out the whole timeout. The same claim on
+    an unsealed task is still refused below the floor, and so is the sealer's
+    own seal with its old token (it is not another execution's).
+    """
+    backend = app.backend
+    backend.arm(FencingToken("any", 100))
+    sealer = Execution(FencingToken("sealed-task", 150), task_id="sealed-task")
+    backend.claim_result("sealed-task", sealer.token)
+    backend.seal_result("sealed-task", sealer)
+    old = FencingToken("sealed-task", 40)
+    with pytest.raises(AlreadyAppliedError):
+        backend.claim_result("sealed-task", old)
+    assert sealed_by_another(backend, "sealed-task", old, timeout=0.2)
+    with pytest.raises(BelowFloorError):
+        backend.claim_result("unsealed-task", FencingToken("unsealed-task", 40))
+    assert not sealed_by_another(backend, "unsealed-task", FencingToken("unsealed-task", 40), timeout=0.2)
+    with pytest.raises(BelowFloorError):
+        backend.seal_result("sealed-task", Execution(old, task_id="sealed-task", execution_id=sealer.execution_id))
