@@ -144,6 +144,30 @@ def test_tables_in_a_named_schema_fence_and_reset(engine: sa.Engine, unique_name
                 conn.execute(sa.schema.DropSchema(schema))
 
 
+def test_tables_named_with_reserved_words_work_on_an_engine_built_before_it_connects(url: str) -> None:
+    """The gate's SQL is written when the gate is built; it quotes every name, whatever the dialect reserves.
+
+    A ``mysql://`` engine learns it talks to MariaDB, whose reserved words are
+    more (``offset``, ``raise``), only on connecting: a name quoted only
+    when reserved was left bare, and every statement failed (found in review).
+    """
+    engine = make_engine(url)  # not connected yet
+    gate = SQLGate(engine, table="offset", applied_table="raise")
+    try:
+        gate.create_schema()
+        gate.claim(T("acct", 5, "zk-1"))
+        with pytest.raises(StaleTokenError):
+            gate.claim(T("acct", 4, "zk-1"))
+        with token_context(_once(6, resource="acct")), gate.transaction():
+            pass
+        assert gate.applied("acct", "task-1") is not None
+        assert gate.mark("acct") == Mark("acct", 6, "zk-1")
+    finally:
+        gate.table.drop(engine, checkfirst=True)
+        gate.applied_table.drop(engine, checkfirst=True)
+        engine.dispose()
+
+
 def test_table_layout(gate: SQLGate) -> None:
     """The mark table has a string primary key resource, a NOT NULL BIGINT token and a range CHECK."""
     table = gate.table

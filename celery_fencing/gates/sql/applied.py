@@ -28,6 +28,7 @@ from ..applied_sql import (
     retention_seconds,
 )
 from .errors import unavailable
+from .schema import always_quoted, always_quoted_table
 
 __all__ = ["PARAM_PREFIX", "AppliedRecords"]
 
@@ -51,11 +52,14 @@ class AppliedRecords:
         dialect = engine.dialect.name
         # Whether the applied-record table exists: looked at once, on first use with a record.
         self._exists = False
-        preparer = engine.dialect.identifier_preparer
         a = table
-        applied_sql = applied_statements(
-            dialect, preparer.format_table(a), quote=preparer.quote, param=lambda name: f":{name}"
-        )
+        # Quoted whatever the dialect's reserved words: the engine may not have connected yet.
+        quoted_table = always_quoted_table(engine.dialect, a)
+
+        def quote(name: str) -> str:
+            return always_quoted(engine.dialect, name)
+
+        applied_sql = applied_statements(dialect, quoted_table, quote=quote, param=lambda name: f":{name}")
         self._refused_by_insert_id = applied_sql.refused_by_insert_id
         keys = (bindparam("resource", type_=a.c.resource.type), bindparam("task_id", type_=a.c.task_id.type))
         record_params = (
@@ -72,7 +76,7 @@ class AppliedRecords:
         self.record_cte: Any = None
         if dialect == "postgresql" and engine.dialect.driver == "psycopg":
             prefixed = applied_statements(
-                dialect, preparer.format_table(a), quote=preparer.quote, param=lambda name: f":{PARAM_PREFIX}{name}"
+                dialect, quoted_table, quote=quote, param=lambda name: f":{PARAM_PREFIX}{name}"
             )
             assert prefixed.record_after is not None
             self.record_cte = (

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ..mark_sql import mark_statements
 from .errors import unavailable
-from .schema import MYSQL_FAMILY, grantor_column_ddl, has_grantor_column
+from .schema import MYSQL_FAMILY, always_quoted, always_quoted_table, grantor_column_ddl, has_grantor_column
 
 __all__ = ["MarkTable"]
 
@@ -43,7 +43,6 @@ class MarkTable:
         #: MySQL or MariaDB: refusal is told by the insert id (``LAST_INSERT_ID(token)``), not the rowcount.
         self.mysql = dialect.name in MYSQL_FAMILY
         t = table
-        preparer = dialect.identifier_preparer
         resource = bindparam("resource", type_=t.c.resource.type)
         token = bindparam("token", type_=t.c.token.type)
         grantor = bindparam("grantor", type_=t.c.grantor.type)
@@ -57,10 +56,10 @@ class MarkTable:
         sql = {
             with_grantor: mark_statements(
                 dialect.name,
-                preparer.format_table(t),
-                resource=preparer.quote(t.c.resource.name),
-                token=preparer.quote(t.c.token.name),
-                grantor=preparer.quote(t.c.grantor.name) if with_grantor else None,
+                always_quoted_table(dialect, t),
+                resource=always_quoted(dialect, t.c.resource.name),
+                token=always_quoted(dialect, t.c.token.name),
+                grantor=always_quoted(dialect, t.c.grantor.name) if with_grantor else None,
                 param=lambda name: f":{name}",
             )
             for with_grantor in (True, False)

@@ -29,6 +29,8 @@ __all__ = [
     "MYSQL_FAMILY",
     "SUPPORTED_DIALECTS",
     "Utf8VarBinary",
+    "always_quoted",
+    "always_quoted_table",
     "applied_table",
     "create_tables",
     "define_table",
@@ -47,6 +49,23 @@ MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 SUPPORTED_DIALECTS = frozenset({"postgresql", "sqlite"}) | MYSQL_FAMILY
 #: The databases by name, in the order messages list them.
 _DATABASE_NAMES = {"postgresql": "PostgreSQL", "mysql": "MySQL", "mariadb": "MariaDB", "sqlite": "SQLite"}
+
+
+def always_quoted(dialect: Dialect, name: str) -> str:
+    """*name* quoted for *dialect*, whether or not the dialect takes it for a reserved word.
+
+    For SQL text built before the engine first connects: SQLAlchemy learns
+    that a ``mysql://`` engine talks to MariaDB, whose reserved words are
+    more (``offset``, ``returning``), only on connecting, so a name quoted
+    only when reserved could be left bare, and every statement would fail.
+    """
+    return dialect.identifier_preparer.quote_identifier(name)
+
+
+def always_quoted_table(dialect: Dialect, table: Table) -> str:
+    """*table*'s name, with its schema, each part quoted (see :func:`always_quoted`)."""
+    parts = [table.schema, table.name] if table.schema else [table.name]
+    return ".".join(always_quoted(dialect, part) for part in parts)
 
 
 def supported_dialect(engine: Engine, supported: frozenset[str], store: str) -> str:
