@@ -103,7 +103,8 @@ def test_unfenced_deposits_lose_updates(world: tuple[Scenario, str]) -> None:
         f"pauses={nemesis.proven_pauses}"
     )
     assert nemesis.proven_pauses > 0
-    assert applied == DEPOSITS, "every task ran and wrote"
+    # Every task ran and wrote; a paused one the broker re-delivered may have written twice (nothing stops it here).
+    assert applied >= DEPOSITS, "every task ran and wrote"
     assert balance < DEPOSITS, "without fencing, concurrent read-modify-writes must lose updates"
 
 
