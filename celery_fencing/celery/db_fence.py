@@ -112,7 +112,7 @@ def fence_retention(conf: Any, expires: Any) -> int | None:
 
 def database_now(vendor: str) -> str:
     """The database's clock in whole epoch seconds, as SQL: the clock the applied records expire on too."""
-    return applied_sql._NOW["mysql" if vendor in ("mysql", "mariadb") else vendor]
+    return applied_sql._NOW["mysql" if vendor in applied_sql.MYSQL_FAMILY else vendor]
 
 
 @dataclass(frozen=True)

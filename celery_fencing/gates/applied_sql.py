@@ -96,6 +96,7 @@ __all__ = [
     "EXECUTION_ID_LENGTH",
     "FOLDED_COUNTS",
     "MAX_TASK_ID_LENGTH",
+    "MYSQL_FAMILY",
     "RECORD_CTE",
     "AppliedStatements",
     "already_applied",
@@ -118,7 +119,8 @@ RECORD_CTE = "celery_fencing_record"
 #: The folded statement's result columns: rows the effect changed, records written.
 FOLDED_COUNTS = tuple(f"(SELECT count(*) FROM {cte})" for cte in (EFFECT_CTE, RECORD_CTE))
 
-_MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
+#: The dialect names of MySQL and MariaDB, which share one SQL form (``ON DUPLICATE KEY``, ``LAST_INSERT_ID``).
+MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 
 # The database's clock, in whole epoch seconds.
 _NOW = {
@@ -134,7 +136,7 @@ def retention_seconds(retention: float) -> int:
 
 
 def _family(vendor: str) -> str:
-    family = "mysql" if vendor in _MYSQL_FAMILY else vendor
+    family = "mysql" if vendor in MYSQL_FAMILY else vendor
     if family not in _NOW:
         raise FencingConfigurationError(f"no applied-record SQL for {vendor!r}")
     return family

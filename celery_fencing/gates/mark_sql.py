@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..exceptions import FencingConfigurationError
+from .applied_sql import MYSQL_FAMILY
 
 __all__ = ["MarkStatements", "mark_statements"]
 
-_MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 _ON_CONFLICT = frozenset({"postgresql", "sqlite"})
 
 
@@ -71,7 +71,7 @@ def mark_statements(
     quoted; *grantor* is ``None`` for a table made before grantor ids (the
     upsert then compares values only). *param* spells a parameter by name.
     """
-    mysql = vendor in _MYSQL_FAMILY
+    mysql = vendor in MYSQL_FAMILY
     if not mysql and vendor not in _ON_CONFLICT:
         raise FencingConfigurationError(f"no mark-table SQL for {vendor!r}")
     names = [resource, token] if grantor is None else [resource, token, grantor]

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 
 from ...exceptions import FencingConfigurationError
 from ...token import MAX_GRANTOR_LENGTH, MAX_RESOURCE_LENGTH, MAX_TOKEN_VALUE
-from ..applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH
+from ..applied_sql import DEFAULT_APPLIED_TABLE, EXECUTION_ID_LENGTH, MAX_TASK_ID_LENGTH, MYSQL_FAMILY
 
 __all__ = [
     "DEFAULT_RESULT_FENCE_TABLE",
@@ -45,7 +45,6 @@ DEFAULT_TABLE = "fencing_high_water"
 #: The fenced database result backend's fence table (one row per task id).
 DEFAULT_RESULT_FENCE_TABLE = "celery_taskfence"
 
-MYSQL_FAMILY = frozenset({"mysql", "mariadb"})
 SUPPORTED_DIALECTS = frozenset({"postgresql", "sqlite"}) | MYSQL_FAMILY
 #: The databases by name, in the order messages list them.
 _DATABASE_NAMES = {"postgresql": "PostgreSQL", "mysql": "MySQL", "mariadb": "MariaDB", "sqlite": "SQLite"}
