@@ -20,11 +20,12 @@ order. :func:`pytest_collection_modifyitems` puts into groups
 
 A test or module may name its group itself with ``pytest.mark.xdist_group``.
 
-Under pytest 9, pytest-xdist 3.8 ignores every group: it tags a grouped test
-by renaming ``Node._nodeid``, which pytest 9 no longer reads (it keeps the id
-in ``Node._id``). The tests then run wherever the scheduler sends them, each
-worker starting what they need; none depends on the grouping (the README says
-what a run with the groups in force, on pytest 8.4, measured).
+pytest-xdist 3.8 tags a grouped test by renaming ``Node._nodeid``, which
+pytest 9 no longer reads (it keeps the id in ``Node._id``), so on its own it
+ignores every group under pytest 9 (pytest-dev/pytest-xdist#1386).
+tests/xdist_groups.py tags the id pytest 9 reads, as the
+proposed fix (#1388) does. No test depends on the grouping for its verdict:
+it saves starting a server or a fixture several times.
 
 Tests whose verdict depends on timing a loaded machine distorts (fault-injection
 phases that must prove their fault within a deadline, ZooKeeper session expiry,
@@ -49,6 +50,8 @@ pytest_plugins = [
     "tests.fixtures.etcd",
     "tests.fixtures.redis_cluster",
     "tests.fixtures.django",
+    # Makes --dist loadgroup honour the groups under pytest 9 (see the module docstring).
+    "tests.xdist_groups",
 ]
 
 TESTS = Path(__file__).resolve().parent
