@@ -17,6 +17,9 @@ Comparisons, each printed as two medians and their ratio (gated / plain):
 * Both SQL modes again with the exactly-once record written (``, once``):
   each call a new task's execution, made before timing, so the gate also
   writes the applied record in the write's transaction.
+* The floor of such a record, informative: the plain ``UPDATE`` with a plain
+  ``INSERT`` of one new row in its transaction, against the ``UPDATE`` alone.
+  No gate that keeps one row per applied task id writes less.
 
 The subjects compared are measured together: each round makes ``count``
 turns, calling every subject once per turn, and the round after rotates which
@@ -168,10 +171,13 @@ def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Grou
         sa.Column("balance", sa.BigInteger, nullable=False),
         sa.Column("fence", sa.BigInteger),
     )
+    # The floor of any exactly-once record kept as a row: one more INSERT in the write's transaction.
+    rows = sa.Table(f"{run}_rows", sa.MetaData(), sa.Column("task_id", sa.String(64), primary_key=True))
     gate.create_schema()
     accounts.create(engine)
+    rows.create(engine)
     with engine.begin() as conn:
-        conn.execute(sa.insert(accounts), [{"id": n, "balance": 0} for n in (1, 2, 3, 4, 5)])
+        conn.execute(sa.insert(accounts), [{"id": n, "balance": 0} for n in (1, 2, 3, 4, 5, 6)])
     token = FencingToken("acct:1", 5)
     counter = iter(range(1, 1 << 62))
 
@@ -185,6 +191,11 @@ def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Grou
     def plain_update() -> None:
         with engine.begin() as conn:
             conn.execute(sa.update(accounts).where(accounts.c.id == 2).values(balance=next(counter)))
+
+    def plain_update_and_row() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.update(accounts).where(accounts.c.id == 6).values(balance=next(counter)))
+            conn.execute(sa.insert(rows).values(task_id=uuid.uuid4().hex))
 
     def guarded_transaction() -> None:
         with gate.transaction(token) as conn:
@@ -224,6 +235,7 @@ def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Grou
                     "column mode": column_mode,
                     "column mode, once": column_mode_once,
                     "UPDATE": plain_update,
+                    "UPDATE + INSERT": plain_update_and_row,
                     "transaction": guarded_transaction,
                     "transaction, once": guarded_transaction_once,
                 },
@@ -241,6 +253,7 @@ def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Grou
                         "UPDATE",
                         TARGETS["transaction"],
                     ),
+                    Comparison(f"{store}, floor: UPDATE + INSERT vs UPDATE", "UPDATE + INSERT", "UPDATE", None),
                 ],
             ),
             Group(
@@ -259,6 +272,7 @@ def sql_groups(store: str, url: str, run: str, calls: int) -> Iterator[list[Grou
         held.rollback()
         held.close()
         accounts.drop(engine)
+        rows.drop(engine)
         gate.table.drop(engine)
         gate.applied_table.drop(engine)
         engine.dispose()
