@@ -76,10 +76,6 @@ BY_DESIGN = {
             "applies one frozen chord twice: the second run's tasks have the first run's task ids, "
             "so exactly once ends them as done (the body runs once); passes with fencing_once=False"
         ),
-        "t.integration.test_canvas.test_chord::test_chain_in_chain_with_args": (
-            "apply()s a chain whose inner steps kept the task ids of its apply_async() run: exactly once "
-            "ends the eager steps as done (state IGNORED, result None); passes with fencing_once=False"
-        ),
     },
 }
 

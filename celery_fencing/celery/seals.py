@@ -6,8 +6,11 @@ callbacks; where nothing is sent in between, the result write itself seals.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+from celery import states
 
 from ..context import Execution
 from ..exceptions import AlreadyAppliedError, BelowFloorError, FencingError, StaleTokenError, TokenUnavailableError
@@ -15,7 +18,9 @@ from ..protocols import FencedResultStore, conforms
 from ..token import FencingToken
 from .claims import remint_unclaimed
 
-__all__ = ["seal", "sealed_by_another"]
+__all__ = ["AppliedResult", "applied_result", "seal", "seal_awaited", "sealed_by_another"]
+
+logger = logging.getLogger("celery_fencing")
 
 #: How often :func:`sealed_by_another` asks the result store while it waits.
 SEAL_POLL_INTERVAL = 0.05
@@ -84,3 +89,48 @@ def sealed_by_another(backend: Any, task_id: str, token: FencingToken, timeout: 
         if time.monotonic() >= deadline:
             return False
         time.sleep(SEAL_POLL_INTERVAL)
+
+
+def seal_awaited(task: Any, execution: Execution, timeout: float) -> bool:
+    """Whether another execution seals the task of *task*'s current *execution* within *timeout* seconds.
+
+    For an execution whose gated write met an older execution's applied
+    record (see :func:`sealed_by_another`); ``False`` at once where there is
+    no seal to wait for (exactly once off, results ignored, a backend that is
+    no fenced result store): then this execution finishes the task.
+    """
+    backend = task.backend
+    if not (execution.once and execution.task_id) or task.request.ignore_result:
+        return False
+    if not conforms(backend, FencedResultStore):
+        return False
+    logger.info(
+        "task %s[%s]: an older execution applied the task and has not sealed it; "
+        "waiting up to %gs for it to finish before finishing the task here",
+        task.name,
+        execution.task_id,
+        timeout,
+    )
+    return sealed_by_another(backend, execution.task_id, execution.token, timeout)
+
+
+class AppliedResult(Exception):
+    """Ends an eager execution (``apply()``) with the result of the execution that sealed its task id.
+
+    A worker's execution that finds its task id sealed ends as ``Ignore``: the
+    stored result stands and Celery sends no callback again. An eager one
+    returns to its caller, who would otherwise get ``None``; it gets what
+    ``AsyncResult(task_id).get()`` gives, without its body running again.
+    """
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("another execution applied and sealed the task id")
+        self.result = result
+
+
+def applied_result(backend: Any, task_id: str) -> AppliedResult | None:
+    """The successful result stored for *task_id* on *backend*, or ``None`` when it holds no SUCCESS."""
+    meta = backend.get_task_meta(task_id)
+    if meta.get("status") != states.SUCCESS:
+        return None
+    return AppliedResult(meta.get("result"))

@@ -64,7 +64,7 @@ from ..policies import (
     decide,
     policy_from_setting,
 )
-from ..protocols import FencedResultStore, Gate, LeasingSource, LockDelaySource, TransientSource, conforms, declares
+from ..protocols import Gate, LeasingSource, LockDelaySource, TransientSource, conforms, declares
 from . import signals
 from .claims import (
     arm_stores,
@@ -76,7 +76,7 @@ from .decisions import enact
 from .options import check_task_options, resource_for
 from .reports import report_duplicate, report_fenced_out
 from .runtime import FencingRuntime, HeldLease, runtime_for, task_option
-from .seals import seal, sealed_by_another
+from .seals import AppliedResult, applied_result, seal, seal_awaited
 from .settings import FencingSettings, setting
 
 __all__ = ["FencedTask"]
@@ -90,6 +90,7 @@ REQUEST_ATTRIBUTES = (
     "fencing_lease",
     "fencing_resource",
     "fencing_resource_is_task_id",
+    "fencing_applied_result",
 )
 
 # Errors that mean "this execution must not go on"; the policy decides what follows.
@@ -168,7 +169,10 @@ class FencedTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """Mint (or lease) the execution's token and claim it before the body runs."""
-        self._start_fencing(args, kwargs)
+        try:
+            self._start_fencing(args, kwargs)
+        except AppliedResult as applied:  # eager, and sealed by another: __call__ returns its result
+            self.request.fencing_applied_result = applied
 
     def _start_fencing(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Execution:
         request = self.request
@@ -341,6 +345,15 @@ class FencedTask(Task):  # type: ignore[misc]
         return runtime.enter_lease(source, resource, settings.lease_reuse, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        applied: AppliedResult | None = self.request.get("fencing_applied_result")
+        try:
+            if applied is None:
+                return self._call_fenced(args, kwargs)
+        except AppliedResult as found:
+            applied = found
+        return applied.result
+
+    def _call_fenced(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         request = self.request
         execution: Execution | None = request.get("fencing_execution")
         if execution is None:
@@ -364,7 +377,7 @@ class FencedTask(Task):  # type: ignore[misc]
             # Superseded: a newer execution of this task applied, and it finishes the task.
             # Else an older one applied: it finishes the task if it is still running (its
             # seal comes within moments); if it is gone, this execution finishes the task.
-            finish = not exc.superseded and not self._sealed_by_another(execution)
+            finish = not exc.superseded and not seal_awaited(self, execution, self._settings().timeout)
             self._already_applied(exc, execution.token.resource, phase="body", finish=finish)
             self._seal(execution)
             return None
@@ -421,31 +434,19 @@ class FencedTask(Task):  # type: ignore[misc]
         except AlreadyAppliedError as exc:
             self._already_applied(exc, execution.token.resource, phase="seal", finish=False)
 
-    def _sealed_by_another(self, execution: Execution) -> bool:
-        """Whether another execution seals the task within ``fencing_timeout`` (see :func:`sealed_by_another`)."""
-        backend = self.backend
-        if not (execution.once and execution.task_id) or self.request.ignore_result:
-            return False
-        if not conforms(backend, FencedResultStore):
-            return False  # no seal to wait for: this execution finishes the task
-        timeout = self._settings().timeout
-        logger.info(
-            "task %s[%s]: an older execution applied the task and has not sealed it; "
-            "waiting up to %gs for it to finish before finishing the task here",
-            self.name,
-            execution.task_id,
-            timeout,
-        )
-        return sealed_by_another(backend, execution.task_id, execution.token, timeout)
-
     def _already_applied(self, exc: AlreadyAppliedError, resource: str, *, phase: str, finish: bool) -> None:
         """Report a duplicate prevented; raise ``Ignore`` unless this execution is to *finish* the task.
 
         *finish* is for the newest execution: the one that applied is gone
         (failed, retried, died), so this one ends the task as done, with no
-        return value, instead of leaving it unfinished.
+        return value, instead of leaving it unfinished. An eager execution
+        raises :class:`.seals.AppliedResult` instead of ``Ignore`` when the
+        task's stored result is a SUCCESS: its caller gets that result.
         """
-        report_duplicate(self, exc, resource, phase, "done" if finish else "ignore")
+        applied = None if finish or not self.request.is_eager else applied_result(self.backend, self.request.id)
+        report_duplicate(self, exc, resource, phase, "done" if finish or applied else "ignore")
+        if applied is not None:
+            raise applied
         if not finish:
             raise Ignore(str(exc))
 

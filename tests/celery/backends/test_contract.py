@@ -16,8 +16,8 @@ import pytest
 from celery import Celery, states
 from celery.app.task import Context
 
-from celery_fencing import AlreadyAppliedError, FencingToken, GrantorMismatchError, StaleTokenError
-from celery_fencing.celery import signals
+from celery_fencing import AlreadyAppliedError, FencingToken, GrantorMismatchError, MemoryTokenSource, StaleTokenError
+from celery_fencing.celery import FencedTask, signals
 from celery_fencing.context import Execution
 from celery_fencing.protocols import FencedResultStore
 
@@ -217,6 +217,40 @@ def test_a_sealing_result_write_is_first_wins_and_reports_the_duplicate(
     else:
         assert app.AsyncResult(tid).get(timeout=10) == "newer"
         assert [d["reason"] for d in received["dropped"]] == ["stale token"]
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["once", "control"])
+def test_an_eager_run_of_a_sealed_task_id_returns_the_applied_result(
+    store: Store, unique_name: str, once: bool, received: dict[str, list[dict[str, Any]]]
+) -> None:
+    """apply() with the id of a task that an execution sealed returns that result, and the body does not run again.
+
+    The first apply() stores its result (``task_store_eager_result``), which
+    seals the task, as a worker's execution would. The control, exactly once off for the task: the body
+    runs again, and its new result comes back.
+    """
+    app, tid = store.app(), unique_name
+    app.conf.update(
+        fencing_source=MemoryTokenSource(), fencing_allow_volatile_source=True, task_store_eager_result=True
+    )
+    runs: list[int] = []
+
+    @app.task(base=FencedTask, shared=False, fencing_once=once)
+    def count(n: int) -> str:
+        runs.append(n)
+        return f"run {len(runs)} of {n}"
+
+    assert count.apply((5,), task_id=tid).get() == "run 1 of 5"
+    count.store_eager_result = False  # Celery's default: an eager run stores nothing
+    again = count.apply((5,), task_id=tid)
+    if once:
+        assert (again.state, again.get()) == (states.SUCCESS, "run 1 of 5")
+        assert runs == [5]
+        assert [(d["task_id"], d["phase"], d["action"]) for d in received["duplicate"]] == [(tid, "claim", "done")]
+    else:
+        assert (again.state, again.get()) == (states.SUCCESS, "run 2 of 5")
+        assert runs == [5, 5]
+    assert app.AsyncResult(tid).get(timeout=10) == "run 1 of 5"
 
 
 def test_forget_removes_the_fence_with_the_result(store: Store, unique_name: str) -> None:
