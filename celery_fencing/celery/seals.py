@@ -129,7 +129,9 @@ class AppliedResult(Exception):
 
 
 def applied_result(backend: Any, task_id: str) -> AppliedResult | None:
-    """The successful result stored for *task_id* on *backend*, or ``None`` when it holds no SUCCESS."""
+    """The successful result stored for *task_id* on *backend*, or ``None``: no SUCCESS, or no fenced result store."""
+    if not conforms(backend, FencedResultStore):
+        return None  # nothing seals there: the result it holds, if any, may be any execution's
     meta = backend.get_task_meta(task_id)
     if meta.get("status") != states.SUCCESS:
         return None

@@ -297,3 +297,10 @@ def test_copy_refused_at_its_claim_defers_too(app: Celery) -> None:
     assert job.apply(throw=False).get() == 1
     assert ran == [1], "the body ran once, in the retry, not in the refused attempt"
     assert gate.get("effect") == 1
+
+
+def test_an_eager_duplicate_takes_a_result_only_from_a_fenced_result_store(app: Celery) -> None:
+    """Without a fenced result backend nothing seals, so no stored result is handed to an eager duplicate."""
+    from celery_fencing.celery.seals import applied_result
+
+    assert applied_result(app.backend, "any-task-id") is None  # DisabledBackend: get_task_meta would raise
