@@ -345,13 +345,15 @@ class FencedTask(Task):  # type: ignore[misc]
         return runtime.enter_lease(source, resource, settings.lease_reuse, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # An eager execution whose task id another execution sealed returns that one's result
+        # (see _already_applied): found before the body (by before_start) or during it.
         applied: AppliedResult | None = self.request.get("fencing_applied_result")
+        if applied is not None:
+            return applied.result
         try:
-            if applied is None:
-                return self._call_fenced(args, kwargs)
+            return self._call_fenced(args, kwargs)
         except AppliedResult as found:
-            applied = found
-        return applied.result
+            return found.result
 
     def _call_fenced(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         request = self.request

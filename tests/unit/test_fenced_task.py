@@ -14,6 +14,7 @@ from celery import Celery
 
 from celery_fencing import FencingConfigurationError, MemoryGate, MemoryTokenSource, StaleTokenError, current_token
 from celery_fencing.celery import FencedTask, fenced_task, signals
+from celery_fencing.celery.seals import applied_result
 from celery_fencing.policies import Decision, StaleState
 from tests.eager_app import eager_app
 
@@ -301,6 +302,4 @@ def test_copy_refused_at_its_claim_defers_too(app: Celery) -> None:
 
 def test_an_eager_duplicate_takes_a_result_only_from_a_fenced_result_store(app: Celery) -> None:
     """Without a fenced result backend nothing seals, so no stored result is handed to an eager duplicate."""
-    from celery_fencing.celery.seals import applied_result
-
     assert applied_result(app.backend, "any-task-id") is None  # DisabledBackend: get_task_meta would raise

@@ -226,8 +226,8 @@ def test_an_eager_run_of_a_sealed_task_id_returns_the_applied_result(
     """apply() with the id of a task that an execution sealed returns that result, and the body does not run again.
 
     The first apply() stores its result (``task_store_eager_result``), which
-    seals the task, as a worker's execution would. The control, exactly once off for the task: the body
-    runs again, and its new result comes back.
+    seals the task, as a worker's execution would. The control, exactly once
+    off for the task: the body runs again, and its new result comes back.
     """
     app, tid = store.app(), unique_name
     app.conf.update(
